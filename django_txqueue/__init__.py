@@ -1,0 +1,32 @@
+"""django-txqueue: a reliable, fast work queue in your Django project's own database.
+
+The public API (DESIGN section 4) is re-exported lazily, so ``import django_txqueue``
+from settings never loads models before Django is ready.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .api import Queue, enqueue, enqueue_many
+    from .exceptions import QueueFull
+    from .models import Status
+
+__all__ = ["Queue", "QueueFull", "Status", "enqueue", "enqueue_many"]
+
+_HOMES = {
+    "Queue": "api",
+    "enqueue": "api",
+    "enqueue_many": "api",
+    "QueueFull": "exceptions",
+    "Status": "models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)

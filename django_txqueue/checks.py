@@ -1,0 +1,128 @@
+"""System checks for the TXQUEUE setting: each names the bad key and the valid ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning, register
+from django.db import connections
+
+from . import conf
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _database(value: Any) -> bool:
+    return value is None or value in settings.DATABASES
+
+
+def _flag(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "DATABASE": (_database, "None or an alias in settings.DATABASES"),
+    "LEASE": (_positive_number, "a positive number of seconds"),
+    "MAX_ATTEMPTS": (_positive_int, "a positive integer"),
+    "RETRY_DELAY": (_positive_number, "a positive number of seconds"),
+    "RETRY_MAX_DELAY": (_positive_number, "a positive number of seconds"),
+    "CLAIM_STRATEGY": (lambda v: v in conf.STRATEGIES, f"one of {', '.join(conf.STRATEGIES)}"),
+    "CONSUMER_TIMEOUT": (_positive_number, "a positive number of seconds"),
+    "QUEUES": (lambda v: isinstance(v, dict), "a dict of queue name to overrides"),
+    "MAX_SIZE": (lambda v: v is None or _positive_int(v), "None or a positive integer"),
+    "FAIR": (_flag, "True or False"),
+    "ORDERED": (_flag, "True or False"),
+}
+
+
+def _check_value(path: str, key: str, value: Any) -> list[CheckMessage]:
+    rule, expected = VALUE_RULES[key]
+    if rule(value):
+        return []
+    return [Error(f"{path} is {value!r}; it must be {expected}.", id="txqueue.E003")]
+
+
+@register()
+def check_settings(**kwargs: Any) -> list[CheckMessage]:
+    raw = getattr(settings, "TXQUEUE", {})
+    if not isinstance(raw, dict):
+        return [Error(f"TXQUEUE must be a dict, not {type(raw).__name__}.", id="txqueue.E001")]
+    errors: list[CheckMessage] = []
+    for key, value in raw.items():
+        if key not in conf.DEFAULTS:
+            errors.append(
+                Error(
+                    f"TXQUEUE has an unknown key {key!r}.",
+                    hint=f"Valid keys: {', '.join(sorted(conf.DEFAULTS))}.",
+                    id="txqueue.E002",
+                )
+            )
+        else:
+            errors += _check_value(f"TXQUEUE[{key!r}]", key, value)
+    queues = raw.get("QUEUES", {})
+    if isinstance(queues, dict):
+        for name, options in queues.items():
+            errors += _check_queue(name, options)
+    return errors
+
+
+def _check_queue(name: Any, options: Any) -> list[CheckMessage]:
+    path = f"TXQUEUE['QUEUES'][{name!r}]"
+    if not isinstance(name, str) or not 1 <= len(name) <= 100:
+        return [Error(f"{path}: a queue name is a string of 1 to 100 characters.", id="txqueue.E004")]
+    if not isinstance(options, dict):
+        return [Error(f"{path} must be a dict of overrides.", id="txqueue.E004")]
+    errors: list[CheckMessage] = []
+    for key, value in options.items():
+        upper = str(key).upper()
+        if upper not in conf.QUEUE_KEYS:
+            errors.append(
+                Error(
+                    f"{path} has an unknown key {key!r}.",
+                    hint=f"Valid keys: {', '.join(sorted(conf.QUEUE_KEYS))}.",
+                    id="txqueue.E005",
+                )
+            )
+            continue
+        errors += _check_value(f"{path}[{key!r}]", upper, value)
+        if upper in ("FAIR", "ORDERED") and value is True:
+            errors.append(
+                Warning(
+                    f"{path}[{key!r}] is not implemented in this version; the queue is "
+                    "served in priority, run_at, id order.",
+                    id="txqueue.W001",
+                )
+            )
+    return errors
+
+
+@register()
+def check_sqlite_transactions(**kwargs: Any) -> list[CheckMessage]:
+    """SQLite transactions that read before they write fail at once when another
+    process writes ("database is locked"): IMMEDIATE transactions wait their turn."""
+    alias = conf.get("DATABASE") or "default"
+    if alias not in settings.DATABASES:
+        return []
+    connection = connections[alias]
+    if not hasattr(connection, "transaction_modes"):  # only SQLite has the option
+        return []
+    mode = str(connection.settings_dict["OPTIONS"].get("transaction_mode")).upper()
+    if mode == "IMMEDIATE":
+        return []
+    return [
+        Warning(
+            f"DATABASES[{alias!r}] is SQLite with transaction_mode {mode!r}; consumers and "
+            "producers in several processes can then fail with 'database is locked'.",
+            hint=f"Set DATABASES[{alias!r}]['OPTIONS'] = "
+            "{'transaction_mode': 'IMMEDIATE', 'timeout': 20}.",
+            id="txqueue.W002",
+        )
+    ]

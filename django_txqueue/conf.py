@@ -1,0 +1,95 @@
+"""The ``TXQUEUE`` setting: defaults, per-queue overrides, and typed accessors.
+
+Every key is documented in the README. ``checks.py`` validates the dict; this module
+only reads it, and re-reads it when a test overrides the setting.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    # Database alias holding the queue tables; None means Django's router decides.
+    "DATABASE": None,
+    # Seconds a claim is leased for before the item counts as stuck.
+    "LEASE": 300,
+    # Attempts (claims) an item gets before it ends FAILED.
+    "MAX_ATTEMPTS": 5,
+    # Retry back-off: RETRY_DELAY * 2 ** (attempt - 1) seconds, capped, with jitter.
+    "RETRY_DELAY": 10,
+    "RETRY_MAX_DELAY": 3600,
+    # "auto", "skip_locked" or "update_limit" (README: Claim strategies).
+    "CLAIM_STRATEGY": "auto",
+    # A consumer whose heartbeat is older than this many seconds is dead.
+    "CONSUMER_TIMEOUT": 60,
+    # Per-queue overrides: {"sms": {"LEASE": 30, "MAX_ATTEMPTS": 10}}.
+    "QUEUES": {},
+}
+
+# Keys a queue may override, with the top-level key supplying the default (None:
+# no top-level default). Lower-case spellings are accepted as well.
+QUEUE_KEYS: dict[str, str | None] = {
+    "LEASE": "LEASE",
+    "MAX_ATTEMPTS": "MAX_ATTEMPTS",
+    "MAX_SIZE": None,
+    "FAIR": None,
+    "ORDERED": None,
+    "DATABASE": "DATABASE",
+}
+
+STRATEGIES = ("auto", "skip_locked", "update_limit")
+
+
+def user_settings() -> dict[str, Any]:
+    """The raw ``TXQUEUE`` dict as the project wrote it (empty when unset)."""
+    value = getattr(settings, "TXQUEUE", None)
+    return value if isinstance(value, dict) else {}
+
+
+@functools.cache
+def _merged() -> dict[str, Any]:
+    merged = {**DEFAULTS, **user_settings()}
+    merged["QUEUES"] = {
+        name: {str(key).upper(): value for key, value in (options or {}).items()}
+        for name, options in (merged.get("QUEUES") or {}).items()
+    }
+    return merged
+
+
+@receiver(setting_changed)
+def _reload(setting: str, **kwargs: Any) -> None:
+    if setting == "TXQUEUE":
+        _merged.cache_clear()
+
+
+def get(key: str) -> Any:
+    """A top-level setting, or its default."""
+    return _merged()[key]
+
+
+def queue_option(queue: str, key: str) -> Any:
+    """A per-queue setting: the queue's override, else the top-level value."""
+    overrides = _merged()["QUEUES"].get(queue, {})
+    if key in overrides:
+        return overrides[key]
+    fallback = QUEUE_KEYS[key]
+    return get(fallback) if fallback else None
+
+
+def to_timedelta(value: float | timedelta, name: str) -> timedelta:
+    """Accept seconds (int or float) or a timedelta, as ``lease`` and ``delay`` do."""
+    if isinstance(value, timedelta):
+        result = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        result = timedelta(seconds=value)
+    else:
+        raise TypeError(f"{name} must be seconds (int or float) or a timedelta, not {value!r}")
+    if result < timedelta(0):
+        raise ValueError(f"{name} must not be negative, got {value!r}")
+    return result

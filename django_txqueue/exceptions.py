@@ -1,0 +1,20 @@
+"""Exceptions raised by django-txqueue. Imports nothing from the package."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class QueueFull(Exception):
+    """Raised by enqueue on a bounded queue (``MAX_SIZE``); nothing was written.
+
+    ``item`` is the unsaved item that did not fit, ``current_size`` the number of
+    unfinished items the queue held.
+    """
+
+    def __init__(self, item: Any, current_size: int) -> None:
+        self.item = item
+        self.current_size = current_size
+        super().__init__(
+            f"queue {getattr(item, 'queue', '?')!r} is full: {current_size} unfinished items"
+        )

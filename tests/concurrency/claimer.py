@@ -1,0 +1,37 @@
+"""A child process: claim batches from one queue until it is empty, ack them, print ids.
+
+Usage: python -m tests.concurrency.claimer QUEUE STRATEGY BATCH START_AT
+"""
+
+import json
+import sys
+import time
+
+import django
+
+
+def main(queue_name: str, strategy: str, batch: int, start_at: float) -> None:
+    django.setup()
+    from django_txqueue import Queue
+
+    queue = Queue(queue_name)
+    time.sleep(max(0.0, start_at - time.time()))
+    claimed, empty_claims = [], 0
+    # Stop after a few empty claims in a row: under contention one claim can come
+    # back empty while others still hold the last items.
+    while empty_claims < 3:
+        items = queue.claim(batch, strategy=strategy)
+        if not items:
+            empty_claims += 1
+            time.sleep(0.05)
+            continue
+        empty_claims = 0
+        for item in items:
+            if not item.ack(result={"by": item.pid}):
+                raise SystemExit(f"ack of freshly claimed item {item.pk} was fenced")
+            claimed.append(item.pk)
+    print(json.dumps(claimed))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))

@@ -1,0 +1,65 @@
+"""Test settings: one suite, the database picked by TXQUEUE_TEST_DB.
+
+TXQUEUE_TEST_DB=sqlite (default) | postgresql | mysql. Host and port can be moved with
+TXQUEUE_TEST_HOST / TXQUEUE_TEST_PORT. Child processes started by the concurrency
+tests pass TXQUEUE_TEST_NAME so they open the test database, not the real one.
+"""
+
+import os
+import tempfile
+
+SECRET_KEY = "tests-only"  # noqa: S105
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django_txqueue",
+    "tests.testapp",
+]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+VENDOR = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
+HOST = os.environ.get("TXQUEUE_TEST_HOST", "127.0.0.1")
+_name = os.environ.get("TXQUEUE_TEST_NAME")
+
+if VENDOR == "sqlite":
+    # A file, not :memory:, so that several processes share one database.
+    _file = os.path.join(tempfile.gettempdir(), f"txqueue-test-{os.getuid()}.sqlite3")
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": _name or _file,
+            "TEST": {"NAME": _file},
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+elif VENDOR == "postgresql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": _name or "test",
+            "USER": os.environ.get("TXQUEUE_TEST_USER", "postgres"),
+            "HOST": HOST,
+            "PORT": os.environ.get("TXQUEUE_TEST_PORT", "5432"),
+        }
+    }
+elif VENDOR == "mysql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": _name or "test",
+            "USER": os.environ.get("TXQUEUE_TEST_USER", "root"),
+            "HOST": HOST,
+            "PORT": os.environ.get("TXQUEUE_TEST_PORT", "3306"),
+            "OPTIONS": {"charset": "utf8mb4"},
+        }
+    }
+else:
+    raise RuntimeError(f"TXQUEUE_TEST_DB must be sqlite, postgresql or mysql, not {VENDOR!r}")
+
+TXQUEUE = {"QUEUES": {"bounded": {"MAX_SIZE": 3}, "short": {"LEASE": 1, "MAX_ATTEMPTS": 2}}}

@@ -1,0 +1,307 @@
+import datetime as dt
+import re
+
+import pytest
+from django.db import NotSupportedError, connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_txqueue import Queue, Status
+from django_txqueue.claim import resolve_strategy
+from django_txqueue.models import Consumer, QueueItem, consumer_identity
+from tests.testapp.models import Thing
+
+
+def expire(item):
+    """Move an item's lease into the past (database clock), as if time had passed."""
+    QueueItem.objects.filter(pk=item.pk).update(
+        lease_expires_at=timezone.now() - dt.timedelta(seconds=5)
+    )
+
+
+class TestOrder:
+    def test_fifo(self, queue, strategy):
+        items = queue.enqueue_many([{"n": n} for n in range(5)])
+        claimed = queue.claim(3, strategy=strategy)
+        assert [i.pk for i in claimed] == [i.pk for i in items[:3]]
+        assert [i.pk for i in queue.claim(3, strategy=strategy)] == [i.pk for i in items[3:]]
+
+    def test_priority_then_run_at_then_id(self, queue, strategy):
+        now = timezone.now()
+        late = queue.enqueue({"n": "late"}, run_at=now - dt.timedelta(seconds=1))
+        early = queue.enqueue({"n": "early"}, run_at=now - dt.timedelta(seconds=9))
+        urgent = queue.enqueue({"n": "urgent"}, priority=-1)
+        lazy = queue.enqueue({"n": "lazy"}, priority=10, run_at=now - dt.timedelta(days=1))
+        claimed = queue.claim(10, strategy=strategy)
+        assert [i.pk for i in claimed] == [urgent.pk, early.pk, late.pk, lazy.pk]
+
+    def test_items_not_yet_due_wait(self, queue, strategy):
+        queue.enqueue({}, run_at=timezone.now() + dt.timedelta(minutes=5))
+        due = queue.enqueue({})
+        assert [i.pk for i in queue.claim(5, strategy=strategy)] == [due.pk]
+
+    def test_lifo_through_a_queryset_order_by(self, db, strategy):
+        things = Thing.objects.bulk_create([Thing(name=f"t{n}") for n in range(4)])
+        claimed = Thing.objects.order_by("-pk").claim(2, strategy=strategy)
+        assert [t.name for t in claimed] == ["t3", "t2"]
+        assert [t.pk for t in Thing.objects.claim(5, strategy=strategy)] == [
+            things[0].pk, things[1].pk
+        ]
+
+    def test_queryset_filters_are_respected(self, db, strategy):
+        Thing.objects.bulk_create([Thing(name=f"t{n}", group="ab"[n % 2]) for n in range(6)])
+        claimed = Thing.objects.filter(group="b").claim(10, strategy=strategy)
+        assert {t.name for t in claimed} == {"t1", "t3", "t5"}
+        assert Thing.objects.ready().count() == 3
+
+    def test_other_queues_are_untouched(self, db, strategy):
+        Queue("a").enqueue({})
+        Queue("b").enqueue({})
+        assert [i.queue for i in Queue("a").claim(5, strategy=strategy)] == ["a"]
+        assert Queue("b").count() == 1
+
+
+class TestClaimedState:
+    def test_claim_stamps_the_row(self, queue, strategy):
+        queue.enqueue({"x": 1})
+        [item] = queue.claim(1, strategy=strategy, pid="worker-1", lease=60)
+        stored = QueueItem.objects.get(pk=item.pk)
+        assert (stored.status, stored.pid, stored.attempts) == (Status.IN_PROGRESS, "worker-1", 1)
+        assert stored.claim_token == item.claim_token is not None
+        lease = stored.lease_expires_at - stored.claimed_at
+        assert dt.timedelta(seconds=59) <= lease <= dt.timedelta(seconds=61)
+        assert (item.status, item.pid, item.attempts, item.payload) == (
+            Status.IN_PROGRESS, "worker-1", 1, {"x": 1}
+        )
+
+    def test_default_pid_is_this_process_consumer_identity(self, queue, strategy):
+        queue.enqueue({})
+        [item] = queue.claim(strategy=strategy)
+        assert item.pid == consumer_identity()
+        host, os_pid, suffix = consumer_identity().rsplit(":", 2)
+        assert os_pid.isdigit() and len(suffix) == 8
+
+    def test_each_claim_gets_its_own_token(self, queue, strategy):
+        queue.enqueue_many([{}, {}])
+        [a] = queue.claim(1, strategy=strategy, pid="same")
+        [b] = queue.claim(1, strategy=strategy, pid="same")
+        assert a.claim_token != b.claim_token
+
+    def test_empty_queue_claims_nothing(self, queue, strategy):
+        assert queue.claim(10, strategy=strategy) == []
+
+    def test_lease_as_timedelta_and_per_queue_default(self, db, strategy):
+        Queue("short").enqueue({})
+        [item] = Queue("short").claim(strategy=strategy)
+        stored = QueueItem.objects.get(pk=item.pk)
+        assert stored.lease_expires_at - stored.claimed_at <= dt.timedelta(seconds=1.5)
+
+
+class TestStrategies:
+    def test_auto_picks_skip_locked_where_the_database_has_it(self, db):
+        expected = "skip_locked" if "skip_locked" in _supported() else "update_limit"
+        assert resolve_strategy("auto", connection) == expected
+
+    def test_claim_strategy_setting_steers_auto(self, db, settings):
+        settings.TXQUEUE = {"CLAIM_STRATEGY": "update_limit"}
+        assert resolve_strategy("auto", connection) == "update_limit"
+
+    @pytest.mark.skipif("connection.features.has_select_for_update_skip_locked")
+    def test_skip_locked_without_database_support_says_so(self, queue):
+        queue.enqueue({})
+        with pytest.raises(NotSupportedError, match="SKIP LOCKED.*update_limit"):
+            queue.claim(1, strategy="skip_locked")
+        assert queue.count() == 1
+
+    def test_round_trips_per_claim(self, queue, strategy):
+        """DESIGN section 11: a claim is one statement where RETURNING allows it."""
+        queue.enqueue_many([{}] * 3)
+        with CaptureQueriesContext(connection) as queries:
+            queue.claim(3, strategy=strategy)
+        statements = [q["sql"] for q in queries.captured_queries if not _is_tx_control(q["sql"])]
+        expected = {
+            "postgresql": 1,
+            "sqlite": 1,
+            # SELECT ... SKIP LOCKED, UPDATE, read back | UPDATE ... LIMIT, read back
+            "mysql": 3 if strategy == "skip_locked" else 2,
+        }
+        assert len(statements) == expected[connection.vendor]
+
+
+def _supported():
+    from tests.conftest import strategies
+
+    return strategies()
+
+
+def _is_tx_control(sql):
+    return re.match(r"(?i)(SAVEPOINT|RELEASE|ROLLBACK|BEGIN|COMMIT)", sql) is not None
+
+
+class TestFencing:
+    def test_ack_marks_done_with_result(self, queue, strategy):
+        queue.enqueue({})
+        [item] = queue.claim(strategy=strategy)
+        assert item.ack(result={"sent": True}) is True
+        stored = QueueItem.objects.get(pk=item.pk)
+        assert (stored.status, stored.result) == (Status.DONE, {"sent": True})
+        assert stored.finished_at is not None
+        assert item.finished_at == stored.finished_at  # deferred, loaded on access
+
+    def test_expired_and_reclaimed_item_fences_the_old_holder(self, queue, strategy):
+        queue.enqueue({})
+        [old] = queue.claim(strategy=strategy, pid="slow-worker")
+        expire(old)
+        assert queue.requeue_stuck() == 1
+        [new] = queue.claim(strategy=strategy, pid="fast-worker")
+        assert new.pk == old.pk and new.attempts == 2
+        for verb in (lambda: old.ack(result="late"), old.release, lambda: old.fail("late"),
+                     lambda: old.retry("late")):
+            assert verb() is False
+        stored = QueueItem.objects.get(pk=old.pk)
+        assert (stored.status, stored.pid, stored.result, stored.last_error) == (
+            Status.IN_PROGRESS, "fast-worker", None, ""
+        )
+        assert new.ack() is True
+
+    def test_second_claim_by_the_same_pid_fences_the_first(self, queue, strategy):
+        queue.enqueue({})
+        [first] = queue.claim(strategy=strategy, pid="me")
+        expire(first)
+        queue.requeue_stuck()
+        [second] = queue.claim(strategy=strategy, pid="me")
+        assert first.ack() is False
+        assert second.ack() is True
+
+    def test_expired_lease_alone_does_not_fence(self, queue, strategy):
+        queue.enqueue({})
+        [item] = queue.claim(strategy=strategy)
+        expire(item)
+        assert item.ack() is True
+
+    def test_ack_twice(self, queue):
+        queue.enqueue({})
+        [item] = queue.claim()
+        assert item.ack() is True
+        assert item.ack() is False
+
+    def test_unclaimed_item_cannot_be_acknowledged(self, queue):
+        item = queue.enqueue({})
+        assert item.ack() is False
+        assert QueueItem.objects.get(pk=item.pk).status == Status.READY
+
+    def test_ack_rejects_a_non_json_result_and_changes_nothing(self, queue):
+        queue.enqueue({})
+        [item] = queue.claim()
+        with pytest.raises(TypeError, match="result"):
+            item.ack(result=object())
+        assert QueueItem.objects.get(pk=item.pk).status == Status.IN_PROGRESS
+
+    def test_queue_model_subclass_verbs(self, db, strategy):
+        Thing.objects.bulk_create([Thing(name="a"), Thing(name="b"), Thing(name="c")])
+        a, b, c = Thing.objects.claim(3, strategy=strategy)
+        assert a.ack() and b.fail("no column, not kept") and c.release()
+        assert dict(Thing.objects.values_list("name", "status")) == {
+            "a": Status.DONE, "b": Status.FAILED, "c": Status.READY
+        }
+        assert Thing.objects.get(name="c").attempts == 0
+
+
+class TestRelease:
+    def test_release_puts_back_without_counting_the_attempt(self, queue, strategy):
+        queue.enqueue({})
+        [item] = queue.claim(strategy=strategy)
+        assert item.release() is True
+        stored = QueueItem.objects.get(pk=item.pk)
+        assert (stored.status, stored.attempts, stored.pid, stored.claim_token) == (
+            Status.READY, 0, "", None
+        )
+        assert queue.claim(strategy=strategy)[0].pk == item.pk
+
+
+class TestRetry:
+    def test_retry_schedules_with_backoff(self, queue, strategy, settings):
+        settings.TXQUEUE = {"RETRY_DELAY": 60, "RETRY_MAX_DELAY": 600}
+        queue.enqueue({})
+        [item] = queue.claim(strategy=strategy)
+        assert item.retry("timeout") is True
+        stored = QueueItem.objects.get(pk=item.pk)
+        assert (stored.status, stored.last_error, stored.attempts) == (Status.READY, "timeout", 1)
+        wait = stored.run_at - timezone.now()
+        assert dt.timedelta(seconds=25) < wait <= dt.timedelta(seconds=60)
+        assert queue.claim(strategy=strategy) == []
+
+    def test_retry_with_explicit_delay(self, queue):
+        queue.enqueue({})
+        [item] = queue.claim()
+        item.retry(delay=0)
+        assert queue.claim()[0].attempts == 2
+
+    def test_failed_after_max_attempts_with_error_kept(self, queue, strategy):
+        queue.enqueue({}, max_attempts=3)
+        for attempt in range(1, 4):
+            [item] = queue.claim(strategy=strategy)
+            assert item.attempts == attempt
+            assert item.retry(f"error {attempt}", delay=0) is True
+        stored = QueueItem.objects.get(pk=item.pk)
+        assert (stored.status, stored.last_error) == (Status.FAILED, "error 3")
+        assert stored.finished_at is not None
+        assert queue.claim(strategy=strategy) == []
+
+
+class TestStuck:
+    def test_requeue_stuck_rescues_expired_leases_only(self, queue, strategy):
+        queue.enqueue_many([{}] * 3)
+        stuck, alive, _ = queue.claim(3, strategy=strategy)
+        expire(stuck)
+        assert list(queue.items.stuck()) == [stuck]
+        assert queue.requeue_stuck() == 1
+        assert QueueItem.objects.get(pk=stuck.pk).status == Status.READY
+        assert QueueItem.objects.get(pk=alive.pk).status == Status.IN_PROGRESS
+
+    def test_items_of_a_dead_consumer_are_stuck_before_their_lease_ends(self, queue):
+        queue.enqueue_many([{}] * 2)
+        Consumer.objects.create(identity="dead", host="h", os_pid=1, stopped_at=timezone.now())
+        Consumer.objects.create(identity="alive", host="h", os_pid=2)
+        [orphan] = queue.claim(1, pid="dead", lease=600)
+        [kept] = queue.claim(1, pid="alive", lease=600)
+        assert [i.pk for i in queue.items.stuck()] == [orphan.pk]
+
+    def test_spent_attempts_end_failed(self, queue):
+        queue.enqueue({}, max_attempts=1)
+        [item] = queue.claim()
+        expire(item)
+        assert queue.requeue_stuck() == 1
+        stored = QueueItem.objects.get(pk=item.pk)
+        assert stored.status == Status.FAILED
+        assert "attempts spent" in stored.last_error
+
+
+class TestIndexes:
+    """DESIGN pitfall: a claim must be one range scan of the READY index, with no sort.
+
+    Otherwise InnoDB locks every candidate it examines and consumers run one at a time.
+    The planner is told to avoid table scans and sorts, so the test shows that the
+    index *can* serve the claim exactly (a tiny test table would not need it).
+    """
+
+    def plan(self, queue):
+        qs = QueueItem.objects.filter(queue=queue.name).ready().order_by(*QueueItem.claim_order)
+        sql, params = qs.values("pk")[:10].query.sql_with_params()
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SET LOCAL enable_seqscan = off")
+                cursor.execute("SET LOCAL enable_sort = off")
+                cursor.execute(f"EXPLAIN {sql}", params)
+            elif connection.vendor == "mysql":
+                cursor.execute(f"EXPLAIN FORMAT=JSON {sql}", params)
+            else:
+                cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
+            return "\n".join(str(row) for row in cursor.fetchall())
+
+    def test_claim_candidates_are_an_index_range_scan(self, queue):
+        queue.enqueue_many([{}] * 20)
+        plan = self.plan(queue)
+        assert "txqueue_item_ready" in plan
+        for sort in ("Sort", "filesort", "TEMP B-TREE"):
+            assert sort not in plan, plan
