@@ -262,8 +262,10 @@ class Queue:
         connection = connections[self.using]
         # Row locks for the whole block where the database has them; SQLite has one
         # writer at a time, so its claim holds the database until the block ends.
-        strategy = "skip_locked" if connection.features.has_select_for_update_skip_locked else (
-            "update_limit"
+        strategy = (
+            "skip_locked"
+            if connection.features.has_select_for_update_skip_locked
+            else ("update_limit")
         )
         with transaction.atomic(using=self.using):
             claimed = self.claim(1, strategy=strategy)
@@ -286,7 +288,8 @@ class Queue:
     def approximate_count(self) -> int:
         """Cheap estimate of READY items from the planner's statistics; not transactional."""
         connection = connections[self.using]
-        return vendor_sql(connection).approximate_count(self.items.filter(status=Status.READY))
+        ready = self.items.filter(status=Status.READY)
+        return int(vendor_sql(connection).approximate_count(ready))
 
     def stats(self) -> dict[str, Any]:
         """Counts per status, stuck items, and how long the oldest due item has waited."""
@@ -320,16 +323,17 @@ class Queue:
         holds locks for long. Returns how many were deleted.
         """
         cutoff = Now() - conf.to_timedelta(older_than, "older_than")
-        finished = self.items.filter(status__in=[Status.DONE, Status.FAILED], finished_at__lt=cutoff)
+        finished = self.items.filter(
+            status__in=[Status.DONE, Status.FAILED], finished_at__lt=cutoff
+        )
         deleted, after = 0, 0
         while True:
             batch = list(
-                finished.filter(pk__gt=after).order_by("pk").values_list("pk", flat=True)[
-                    :PURGE_BATCH
-                ]
+                finished.filter(pk__gt=after)
+                .order_by("pk")
+                .values_list("pk", flat=True)[:PURGE_BATCH]
             )
             if not batch:
                 return deleted
-            deleted += finished.filter(pk__in=batch).delete()[0]
+            deleted += int(finished.filter(pk__in=batch).delete()[0])
             after = batch[-1]
-

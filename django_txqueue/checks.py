@@ -77,7 +77,9 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
 def _check_queue(name: Any, options: Any) -> list[CheckMessage]:
     path = f"TXQUEUE['QUEUES'][{name!r}]"
     if not isinstance(name, str) or not 1 <= len(name) <= 100:
-        return [Error(f"{path}: a queue name is a string of 1 to 100 characters.", id="txqueue.E004")]
+        return [
+            Error(f"{path}: a queue name is a string of 1 to 100 characters.", id="txqueue.E004")
+        ]
     if not isinstance(options, dict):
         return [Error(f"{path} must be a dict of overrides.", id="txqueue.E004")]
     errors: list[CheckMessage] = []

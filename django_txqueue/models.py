@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import socket
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -49,7 +50,7 @@ class StatusIndex(models.Index):
         super().__init__(fields=fields, name=name)
         self.status = int(status)
 
-    def deconstruct(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
         path, args, kwargs = super().deconstruct()
         kwargs["status"] = self.status
         return path, args, kwargs
@@ -129,7 +130,9 @@ class Consumer(models.Model):
     """One row per running consumer process; lets anyone tell live consumers from dead."""
 
     id = models.BigAutoField(primary_key=True)
-    identity = models.CharField(max_length=255, unique=True, help_text="The pid it writes on items.")
+    identity = models.CharField(
+        max_length=255, unique=True, help_text="The pid it writes on items."
+    )
     host = models.CharField(max_length=255)
     os_pid = models.PositiveIntegerField()
     queues = models.JSONField(default=list, blank=True)
@@ -288,8 +291,9 @@ class QueueItem(QueueModel):
     payload = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
     priority = models.IntegerField(default=0, help_text="Lower runs first.")
     run_at = models.DateTimeField(db_default=Now(), help_text="Not before.")
-    key = models.CharField(max_length=255, null=True, blank=True)
-    dedup_key = models.CharField(max_length=255, null=True, blank=True)
+    # NULL, not "", means "none": the unique index below ignores NULLs.
+    key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    dedup_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     # dedup_key while the item is unfinished, else NULL: a plain unique index on it
     # holds "one unfinished item per dedup_key" on every vendor, MySQL included.
     active_dedup_key = models.GeneratedField(
@@ -306,7 +310,7 @@ class QueueItem(QueueModel):
     created_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
 
-    objects = QueueItemQuerySet.as_manager()  # type: ignore[assignment]
+    objects = QueueItemQuerySet.as_manager()  # type: ignore[misc]
 
     class Meta:
         verbose_name = "queue item"

@@ -57,8 +57,15 @@ def spawn_claimers():
         start_at = time.time() + 1.5
         children = [
             subprocess.Popen(
-                [sys.executable, "-m", "tests.concurrency.claimer", queue_name, strategy,
-                 str(batch), str(start_at)],
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.concurrency.claimer",
+                    queue_name,
+                    strategy,
+                    str(batch),
+                    str(start_at),
+                ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=child_env(),

@@ -36,10 +36,14 @@ class TestEnqueue:
 
     def test_payload_with_django_types(self, queue):
         when = timezone.now()
-        item = queue.enqueue({"at": when, "price": decimal.Decimal("1.50"), "id": uuid.UUID(int=7)})
+        item = queue.enqueue(
+            {"at": when, "price": decimal.Decimal("1.50"), "id": uuid.UUID(int=7)}
+        )
         stored = QueueItem.objects.get(pk=item.pk)
         assert stored.payload == {
-            "at": DjangoJSONEncoder().default(when), "price": "1.50", "id": str(uuid.UUID(int=7))
+            "at": DjangoJSONEncoder().default(when),
+            "price": "1.50",
+            "id": str(uuid.UUID(int=7)),
         }
 
     def test_per_queue_defaults_apply(self, db):
@@ -234,7 +238,11 @@ class TestInspect:
         queue.claim(1, lease=0)
         stats = queue.stats()
         assert {k: stats[k] for k in ("ready", "in_progress", "done", "failed", "stuck")} == {
-            "ready": 1, "in_progress": 1, "done": 1, "failed": 0, "stuck": 1
+            "ready": 1,
+            "in_progress": 1,
+            "done": 1,
+            "failed": 0,
+            "stuck": 1,
         }
         assert 29 <= stats["oldest_ready_age_s"] < 120
 

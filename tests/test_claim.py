@@ -45,7 +45,8 @@ class TestOrder:
         claimed = Thing.objects.order_by("-pk").claim(2, strategy=strategy)
         assert [t.name for t in claimed] == ["t3", "t2"]
         assert [t.pk for t in Thing.objects.claim(5, strategy=strategy)] == [
-            things[0].pk, things[1].pk
+            things[0].pk,
+            things[1].pk,
         ]
 
     def test_queryset_filters_are_respected(self, db, strategy):
@@ -71,7 +72,10 @@ class TestClaimedState:
         lease = stored.lease_expires_at - stored.claimed_at
         assert dt.timedelta(seconds=59) <= lease <= dt.timedelta(seconds=61)
         assert (item.status, item.pid, item.attempts, item.payload) == (
-            Status.IN_PROGRESS, "worker-1", 1, {"x": 1}
+            Status.IN_PROGRESS,
+            "worker-1",
+            1,
+            {"x": 1},
         )
 
     def test_default_pid_is_this_process_consumer_identity(self, queue, strategy):
@@ -155,12 +159,19 @@ class TestFencing:
         assert queue.requeue_stuck() == 1
         [new] = queue.claim(strategy=strategy, pid="fast-worker")
         assert new.pk == old.pk and new.attempts == 2
-        for verb in (lambda: old.ack(result="late"), old.release, lambda: old.fail("late"),
-                     lambda: old.retry("late")):
+        for verb in (
+            lambda: old.ack(result="late"),
+            old.release,
+            lambda: old.fail("late"),
+            lambda: old.retry("late"),
+        ):
             assert verb() is False
         stored = QueueItem.objects.get(pk=old.pk)
         assert (stored.status, stored.pid, stored.result, stored.last_error) == (
-            Status.IN_PROGRESS, "fast-worker", None, ""
+            Status.IN_PROGRESS,
+            "fast-worker",
+            None,
+            "",
         )
         assert new.ack() is True
 
@@ -202,7 +213,9 @@ class TestFencing:
         a, b, c = Thing.objects.claim(3, strategy=strategy)
         assert a.ack() and b.fail("no column, not kept") and c.release()
         assert dict(Thing.objects.values_list("name", "status")) == {
-            "a": Status.DONE, "b": Status.FAILED, "c": Status.READY
+            "a": Status.DONE,
+            "b": Status.FAILED,
+            "c": Status.READY,
         }
         assert Thing.objects.get(name="c").attempts == 0
 
@@ -214,7 +227,10 @@ class TestRelease:
         assert item.release() is True
         stored = QueueItem.objects.get(pk=item.pk)
         assert (stored.status, stored.attempts, stored.pid, stored.claim_token) == (
-            Status.READY, 0, "", None
+            Status.READY,
+            0,
+            "",
+            None,
         )
         assert queue.claim(strategy=strategy)[0].pk == item.pk
 

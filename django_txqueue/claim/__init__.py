@@ -97,7 +97,11 @@ def claim(
         except OperationalError as exc:
             # Inside the caller's transaction the failed statement may have rolled the
             # whole transaction back: only the caller can retry that.
-            if not owns_transaction or attempt == TRANSIENT_RETRIES or not vendor.is_transient(exc):
+            if (
+                not owns_transaction
+                or attempt == TRANSIENT_RETRIES
+                or not vendor.is_transient(exc)
+            ):
                 raise
             time.sleep(random.uniform(0.005, 0.02) * 2**attempt)
     return sort_items(items, statement.order)
@@ -148,15 +152,18 @@ class ClaimStatement:
 
     @property
     def pk(self) -> str:
-        return self.quote(self.model._meta.pk.column)
+        return self.column("pk")
 
     def column(self, name: str) -> str:
-        return self.quote(self.model._meta.get_field(name).column)  # type: ignore[union-attr]
+        field = self.model._meta.pk if name == "pk" else self.model._meta.get_field(name)
+        return self.quote(str(field.column))  # type: ignore[union-attr]
 
     def columns(self, *, qualified: bool = True) -> str:
         """Every column of the model, for RETURNING or a read-back."""
         prefix = f"{self.table}." if qualified else ""
-        return ", ".join(prefix + self.quote(f.column) for f in self.model._meta.concrete_fields)
+        return ", ".join(
+            prefix + self.quote(str(f.column)) for f in self.model._meta.concrete_fields
+        )
 
     def candidates(self, lock: str = "") -> tuple[str, list[Any]]:
         """``SELECT pk`` of the first ``limit`` ready rows in claim order, plus ``lock``."""
