@@ -22,6 +22,7 @@ from . import conf
 from .claim import vendor_sql
 from .exceptions import QueueFull
 from .models import QueueItem, QueueItemQuerySet, Status, check_json, now_plus
+from .wakeup import wake_local_consumers
 
 MAX_QUEUE_NAME = 100
 MAX_KEY_LENGTH = 255
@@ -153,6 +154,7 @@ class Queue:
             item.save(force_insert=True, using=self.using)
         else:
             item = self.insert_unique(item)
+        wake_local_consumers(self.name, self.using)
         return self.loaded(item)
 
     def enqueue_many(self, payloads: Iterable[Any], **options: Any) -> list[QueueItem]:
@@ -164,6 +166,7 @@ class Queue:
             return []
         self.check_room(items[0], adding=len(items))
         created = QueueItem.objects.using(self.using).bulk_create(items)
+        wake_local_consumers(self.name, self.using)
         return [self.loaded(item) for item in created]
 
     def build(
@@ -313,8 +316,11 @@ class Queue:
     # -- maintaining ---------------------------------------------------------------
 
     def requeue_stuck(self) -> int:
-        """Rescue stuck items: READY again, or FAILED when their attempts are spent."""
-        return self.items.requeue_stuck()
+        """Rescue stuck items: READY again, or FAILED when their attempts are spent.
+
+        A queue whose ``RESCUE`` setting is "fail" fails its stuck items at once.
+        """
+        return self.items.requeue_stuck(fail=conf.queue_option(self.name, "RESCUE") == "fail")
 
     def purge(self, older_than: float | timedelta = timedelta(0)) -> int:
         """Delete DONE and FAILED items finished over ``older_than`` ago, in small batches.

@@ -28,6 +28,17 @@ DEFAULTS: dict[str, Any] = {
     "CLAIM_STRATEGY": "auto",
     # A consumer whose heartbeat is older than this many seconds is dead.
     "CONSUMER_TIMEOUT": 60,
+    # Consumers: seconds between heartbeats (which also renew in-flight leases)...
+    "HEARTBEAT_INTERVAL": 10,
+    # ...between rescues of stuck items...
+    "RESCUE_INTERVAL": 30,
+    # ...the longest idle wait between polls (wake-ups cut it short)...
+    "POLL_INTERVAL": 2,
+    # ...and how long a stopping consumer lets in-flight handlers finish.
+    "SHUTDOWN_TIMEOUT": 30,
+    # Wake idle consumers on this host with a loopback datagram where the database has no
+    # LISTEN/NOTIFY (MySQL, MariaDB, SQLite). Polling remains the fallback.
+    "LOCAL_WAKEUP": True,
     # Per-queue overrides: {"sms": {"LEASE": 30, "MAX_ATTEMPTS": 10}}.
     "QUEUES": {},
 }
@@ -41,6 +52,11 @@ QUEUE_KEYS: dict[str, str | None] = {
     "FAIR": None,
     "ORDERED": None,
     "DATABASE": "DATABASE",
+    # What a rescue does with a stuck item: "retry" (READY again) or "fail" (FAILED at once,
+    # for work that must never run twice).
+    "RESCUE": None,
+    # Seconds a handler may run before its lease stops being renewed (None: no limit).
+    "TIMEOUT": None,
 }
 
 STRATEGIES = ("auto", "skip_locked", "update_limit")

@@ -264,21 +264,57 @@ class QueueItemQuerySet(QueueQuerySet["QueueItem"]):
         """READY items whose ``run_at`` has come (database clock)."""
         return self.filter(status=Status.READY, run_at__lte=Now())
 
-    def requeue_stuck(self) -> int:
-        """Stuck items go back to READY, or FAILED when their attempts are spent."""
-        spent = Q(attempts__gte=F("max_attempts"))
+    def requeue_stuck(self, *, fail: bool = False) -> int:
+        """Stuck items go back to READY, or FAILED when their attempts are spent.
+
+        ``fail=True`` fails them all at once, for work that must never run twice.
+        """
+        failing = Q(pk__isnull=False) if fail else Q(attempts__gte=F("max_attempts"))
+        reason = "stuck: lease expired or consumer died" + ("" if fail else ", attempts spent")
         return self.stuck().update(
             **UNCLAIMED,
-            status=Case(When(spent, then=Value(Status.FAILED)), default=Value(Status.READY)),
+            status=Case(When(failing, then=Value(Status.FAILED)), default=Value(Status.READY)),
             finished_at=Case(
-                When(spent, then=Now()), default=None, output_field=models.DateTimeField()
+                When(failing, then=Now()), default=None, output_field=models.DateTimeField()
             ),
             last_error=Case(
-                When(spent, then=Value("stuck: lease expired or consumer died, attempts spent")),
+                When(failing, then=Value(reason)),
                 default=F("last_error"),
                 output_field=models.TextField(),
             ),
         )
+
+    def ack_many(self, results: dict[int, Any], claim_token: int) -> int:
+        """Mark DONE, in one statement, the items of one claim: ``{pk: result}``.
+
+        Fenced like ``ack``: only rows still IN_PROGRESS under ``claim_token`` change.
+        Returns how many did.
+        """
+        if not results:
+            return 0
+        result: Any = None
+        if any(value is not None for value in results.values()):
+            field = QueueItem._meta.get_field("result")
+            result = Case(
+                *(
+                    When(pk=pk, then=Value(value, output_field=field))
+                    for pk, value in results.items()
+                ),
+                default=None,
+                output_field=field,
+            )
+        return self.filter(
+            pk__in=list(results), status=Status.IN_PROGRESS, claim_token=claim_token
+        ).update(status=Status.DONE, result=result, finished_at=Now(), lease_expires_at=None)
+
+    def renew_leases(self, tokens: dict[int, int], lease: timedelta) -> int:
+        """Push the leases of in-flight items ``{pk: claim_token}`` to now + ``lease``."""
+        if not tokens:
+            return 0
+        held = Q()
+        for pk, token in tokens.items():
+            held |= Q(pk=pk, claim_token=token)
+        return self.filter(held, status=Status.IN_PROGRESS).update(lease_expires_at=Now() + lease)
 
 
 class QueueItem(QueueModel):

@@ -5,6 +5,7 @@ TXQUEUE_TEST_HOST / TXQUEUE_TEST_PORT. Child processes started by the concurrenc
 tests pass TXQUEUE_TEST_NAME so they open the test database, not the real one.
 """
 
+import json
 import os
 import tempfile
 
@@ -63,3 +64,14 @@ else:
     raise RuntimeError(f"TXQUEUE_TEST_DB must be sqlite, postgresql or mysql, not {VENDOR!r}")
 
 TXQUEUE = {"QUEUES": {"bounded": {"MAX_SIZE": 3}, "short": {"LEASE": 1, "MAX_ATTEMPTS": 2}}}
+# Consumer processes started by the tests get faster heartbeats and rescues this way.
+TXQUEUE.update(json.loads(os.environ.get("TXQUEUE_TEST_SETTINGS", "{}")))
+
+# Django Tasks (django.tasks on Django 6+, the django-tasks backport on 5.2) through the
+# queue: tests/test_backends.py. Without either framework the setting is ignored.
+TASKS = {
+    "default": {
+        "BACKEND": "django_txqueue.backends.TxQueueBackend",
+        "QUEUES": ["default", "tasks-other"],
+    }
+}

@@ -74,3 +74,67 @@ def approximate_count(queryset: QuerySet[Any]) -> int:
     if isinstance(plan, str):
         plan = json.loads(plan)
     return int(plan[0]["Plan"]["Plan Rows"])
+
+
+# -- wake-ups ---------------------------------------------------------------------
+# Producers wake consumers with NOTIFY from a statement-level trigger, so an enqueue
+# stays one INSERT and PostgreSQL delivers the notification at commit (never for a
+# rolled-back item). The payload is the queue name; consumers ignore other queues.
+
+CHANNEL = "django_txqueue"
+HAS_NOTIFY = True
+
+
+def install_notify_trigger(schema_editor: Any, table: str) -> None:
+    quoted = schema_editor.quote_name(table)
+    schema_editor.execute(
+        f"""
+        CREATE OR REPLACE FUNCTION django_txqueue_notify() RETURNS trigger AS $$
+        BEGIN
+            PERFORM pg_notify('{CHANNEL}', queue) FROM (SELECT DISTINCT queue FROM inserted) q;
+            RETURN NULL;
+        END $$ LANGUAGE plpgsql
+        """
+    )
+    schema_editor.execute(
+        f"CREATE TRIGGER django_txqueue_notify AFTER INSERT ON {quoted} "
+        "REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT "
+        "EXECUTE FUNCTION django_txqueue_notify()"
+    )
+
+
+def remove_notify_trigger(schema_editor: Any, table: str) -> None:
+    quoted = schema_editor.quote_name(table)
+    schema_editor.execute(f"DROP TRIGGER IF EXISTS django_txqueue_notify ON {quoted}")
+    schema_editor.execute("DROP FUNCTION IF EXISTS django_txqueue_notify()")
+
+
+class Listener:
+    """A dedicated autocommit connection LISTENing on the queue channel.
+
+    ``fileno()`` becomes readable when a notification arrives; ``drain()`` returns the
+    queue names notified since the last call. Django's own connections are left alone.
+    """
+
+    def __init__(self, alias: str) -> None:
+        import psycopg
+
+        params = connections[alias].get_connection_params()
+        params.pop("cursor_factory", None)  # Django's cursor classes need its wrapper
+        params.pop("context", None)
+        self.connection = psycopg.connect(**params, autocommit=True)
+        self.connection.execute(f"LISTEN {CHANNEL}")
+
+    def fileno(self) -> int:
+        return int(self.connection.fileno())
+
+    def drain(self) -> set[str]:
+        pgconn = self.connection.pgconn
+        pgconn.consume_input()  # raises if the server went away
+        names = set()
+        while (notification := pgconn.notifies()) is not None:
+            names.add(notification.extra.decode())
+        return names
+
+    def close(self) -> None:
+        self.connection.close()

@@ -15,3 +15,13 @@ class Thing(QueueModel):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Run(models.Model):
+    """One handler execution, recorded by the test handlers to count runs per item."""
+
+    item_id = models.BigIntegerField(db_index=True)
+    consumer = models.CharField(max_length=255)
+
+    def __str__(self) -> str:
+        return f"run of {self.item_id}"

@@ -1,0 +1,40 @@
+"""Shared by the maintenance commands: picking the database and the queues to act on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.core.management.base import CommandError
+from django.db import connections, router
+
+from .. import conf
+from ..api import Queue
+from ..models import QueueItem
+
+
+def default_alias(database: str | None) -> str:
+    """``--database``, checked; else the alias the queue tables live on by default."""
+    if database is None:
+        return str(conf.get("DATABASE") or router.db_for_write(QueueItem))
+    if database not in connections:
+        known = ", ".join(sorted(connections))
+        raise CommandError(f"Unknown database alias {database!r}; DATABASES has: {known}.")
+    return database
+
+
+def queue_names(alias: str) -> list[str]:
+    """Every queue that has items on ``alias``, sorted."""
+    names = QueueItem.objects.using(alias).order_by().values_list("queue", flat=True)
+    return sorted(set(names.distinct()))
+
+
+def selected_queues(names: Sequence[str], database: str | None) -> list[Queue]:
+    """The queues named (each on ``--database``, else where it is configured to live),
+    or, with no names, every queue that has items on ``--database`` (or the default)."""
+    alias = default_alias(database)
+    if not names:
+        return [Queue(name, using=alias) for name in queue_names(alias)]
+    try:
+        return [Queue(name, using=database) for name in dict.fromkeys(names)]
+    except (TypeError, ValueError) as exc:
+        raise CommandError(str(exc)) from exc

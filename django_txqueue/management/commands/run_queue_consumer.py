@@ -1,0 +1,129 @@
+"""``run_queue_consumer [QUEUE ...]``: arguments in, ``Worker(...).run()``, progress out."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections, router
+
+from ... import conf, registry
+from ...models import QueueItem
+from ...supervisor import Supervisor, child_argv
+from ...worker import Progress, Worker
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Consume queues: run their handlers until stopped (SIGTERM/SIGINT: graceful). "
+        "Without names, every queue that has a handler, plus the Django Tasks queues."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("queues", nargs="*", metavar="QUEUE")
+        parser.add_argument(
+            "--burst", action="store_true", help="Exit 0 as soon as nothing is due."
+        )
+        parser.add_argument(
+            "--concurrency", type=positive_int, default=1, help="Handler threads (default 1)."
+        )
+        parser.add_argument(
+            "--batch", type=positive_int, help="Items per claim (default: --concurrency)."
+        )
+        parser.add_argument(
+            "--strategy", choices=conf.STRATEGIES, default="auto", help="Claim strategy."
+        )
+        parser.add_argument(
+            "--lease", type=float, help="Lease in seconds (default: TXQUEUE LEASE per queue)."
+        )
+        parser.add_argument("--database", help="Database alias of the queue tables.")
+        parser.add_argument(
+            "--processes",
+            type=positive_int,
+            default=1,
+            help="Run N consumer processes under a supervisor that restarts dead ones.",
+        )
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=float,
+            help="Seconds in-flight handlers get to finish on SIGTERM (default: TXQUEUE).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        registry.autodiscover()
+        known = registry.handlers()
+        names: list[str] = options["queues"] or sorted(known)
+        unknown = [name for name in names if name not in known]
+        if unknown or not names:
+            problem = (
+                f"No handler for queue {', '.join(map(repr, unknown))}."
+                if unknown
+                else "No queues to consume: register a @handler in an app's queues.py, "
+                "or configure the Django Tasks backend."
+            )
+            raise CommandError(f"{problem} Known queues: {', '.join(sorted(known)) or 'none'}.")
+        using = options["database"] or conf.get("DATABASE") or router.db_for_write(QueueItem)
+        if using not in connections:
+            raise CommandError(f"Unknown database {using!r}; known: {', '.join(connections)}.")
+        self.configure_logging(options["verbosity"])
+        if options["processes"] > 1:
+            code = Supervisor(child_argv(), options["processes"]).run()
+        else:
+            worker = Worker(
+                handlers={name: known[name] for name in names},
+                using=using,
+                concurrency=options["concurrency"],
+                batch=options["batch"],
+                strategy=options["strategy"],
+                lease=options["lease"],
+                burst=options["burst"],
+                shutdown_timeout=options["shutdown_timeout"],
+                on_progress=self.show_progress if options["verbosity"] >= 1 else None,
+            )
+            self.install_signal_handlers(worker)
+            code = worker.run()
+        if code:
+            sys.exit(code)
+
+    def install_signal_handlers(self, worker: Worker) -> None:
+        """First SIGTERM/SIGINT: stop gracefully. Second: stop at once, items left for rescue."""
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            if worker.stopping.is_set():
+                os._exit(128 + signum)
+            worker.stop()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, on_signal)
+
+    def show_progress(self, progress: Progress) -> None:
+        line = (
+            f"processed {progress.processed}  failed {progress.failed}  "
+            f"{progress.rate:.1f}/s  backlog {progress.backlog}  in flight {progress.in_flight}"
+        )
+        if self.stdout.isatty():
+            self.stdout.write(f"\r{line}\033[K", ending="")
+            self.stdout.flush()
+        else:
+            self.stdout.write(line)
+
+    def configure_logging(self, verbosity: int) -> None:
+        """-v 2 shows the consumer's INFO log, -v 3 its DEBUG log, unless LOGGING has it."""
+        logger = logging.getLogger("django_txqueue")
+        if verbosity >= 2 and not logger.handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            logger.addHandler(handler)
+            logger.setLevel(logging.DEBUG if verbosity >= 3 else logging.INFO)

@@ -1,0 +1,61 @@
+"""``manage.py txqueue_stats [QUEUE ...] [--database ALIAS] [--json]``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from .. import selected_queues
+
+COLUMNS = (
+    ("queue", "queue"),
+    ("ready", "ready"),
+    ("in_progress", "in progress"),
+    ("done", "done"),
+    ("failed", "failed"),
+    ("stuck", "stuck"),
+    ("oldest_ready_age_s", "oldest ready age (s)"),
+)
+
+
+class Command(BaseCommand):
+    help = (
+        "Show items per status, stuck items and the oldest due item's wait, per queue "
+        "(default: every queue that has items)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("queues", nargs="*", metavar="QUEUE", help="Queues to show.")
+        parser.add_argument(
+            "--database", metavar="ALIAS", help="Database alias holding the queue tables."
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="Print a JSON list of Queue.stats() dicts."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        queues = selected_queues(options["queues"], options["database"])
+        stats = [queue.stats() for queue in queues]
+        if options["json"]:
+            self.stdout.write(json.dumps(stats, indent=2))
+        elif not stats:
+            self.stdout.write("No queue items.")
+        else:
+            self.stdout.write(table(stats))
+
+
+def table(stats: list[dict[str, Any]]) -> str:
+    """Plain aligned columns: the queue name left-aligned, numbers right-aligned."""
+    rows = [[title for _, title in COLUMNS]]
+    for stat in stats:
+        cells = [str(stat[key]) for key, _ in COLUMNS[:-1]]
+        rows.append([*cells, f"{stat['oldest_ready_age_s']:.1f}"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = []
+    for row in rows:
+        first = row[0].ljust(widths[0])
+        rest = (cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True))
+        lines.append("  ".join([first, *rest]))
+    return "\n".join(lines)

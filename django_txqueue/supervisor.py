@@ -1,0 +1,87 @@
+"""``run_queue_consumer --processes N``: N consumer processes under one supervisor.
+
+A child that dies (exits non-zero) is started again (after a pause that grows while children keep
+dying young, so a crash loop cannot spin). SIGTERM/SIGINT are passed on to every
+child, which stops gracefully; a second signal is passed on too, stopping them at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+
+logger = logging.getLogger(__name__)
+
+YOUNG_DEATH = 5.0  # seconds: a child dying sooner than this counts as a crash loop
+MAX_RESTART_PAUSE = 30.0
+
+
+class Supervisor:
+    def __init__(self, argv: list[str], processes: int) -> None:
+        self.argv = argv
+        self.processes = processes
+        self.children: list[tuple[subprocess.Popen[bytes], float]] = []
+        self.signals = 0
+        self.restart_pause = 0.0
+
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.on_signal)
+        self.children = [self.spawn() for _ in range(self.processes)]
+        while self.children:
+            time.sleep(0.2)
+            checked = [self.check(child, born) for child, born in self.children]
+            self.children = [entry for entry in checked if entry is not None]
+        return 0
+
+    def spawn(self) -> tuple[subprocess.Popen[bytes], float]:
+        child = subprocess.Popen(self.argv)  # noqa: S603 - our own command line
+        logger.info("started consumer process %d", child.pid)
+        return child, time.monotonic()
+
+    def check(
+        self, child: subprocess.Popen[bytes], born: float
+    ) -> tuple[subprocess.Popen[bytes], float] | None:
+        code = child.poll()
+        if code is None:
+            return child, born
+        if self.signals or code == 0:
+            return None  # stopping, or a --burst run that drained its queues
+        lived = time.monotonic() - born
+        self.restart_pause = (
+            min(max(self.restart_pause * 2, 1.0), MAX_RESTART_PAUSE) if lived < YOUNG_DEATH else 0
+        )
+        logger.warning(
+            "consumer process %d exited with %s after %.0f s; restarting in %.0f s",
+            child.pid,
+            code,
+            lived,
+            self.restart_pause,
+        )
+        time.sleep(self.restart_pause)
+        return self.spawn()
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        for child, _ in self.children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+
+def child_argv(argv: list[str] | None = None) -> list[str]:
+    """This command line without ``--processes``, to start one consumer per child."""
+    args = list(sys.argv if argv is None else argv)
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--processes":
+            skip = True
+        elif not arg.startswith("--processes="):
+            kept.append(arg)
+    return [sys.executable, *kept]

@@ -1,0 +1,171 @@
+"""Wake-ups: how an idle consumer learns of new work before its next poll.
+
+- PostgreSQL: LISTEN/NOTIFY (the trigger in ``claim/postgresql.py`` notifies at commit).
+- Elsewhere: each consumer binds a UDP socket on the loopback and registers its address
+  in its ``Consumer`` row; a producer on the same host sends the queue name there after
+  commit. A datagram carries no data a consumer trusts: any one, stray or not, can only
+  cause one extra poll.
+
+Polling stays the fallback everywhere: a lost datagram or notification costs at most
+one ``POLL_INTERVAL``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import socket
+import time
+from typing import Any
+
+from django.db import connections, transaction
+
+from . import conf
+from .claim import vendor_sql
+
+logger = logging.getLogger(__name__)
+
+ADDRESS_CACHE_SECONDS = 1.0
+MAX_DATAGRAM = 512
+
+
+class Waiter:
+    """Blocks an idle consumer until a wake-up, a stop request or the timeout."""
+
+    def __init__(self, alias: str, queues: list[str]) -> None:
+        self.alias = alias
+        self.queues = set(queues)
+        self._stop_read, self._stop_write = os.pipe()
+        os.set_blocking(self._stop_write, False)
+        self.listener: Any = None
+        self.socket: socket.socket | None = None
+        vendor = vendor_sql(connections[alias])
+        if getattr(vendor, "HAS_NOTIFY", False):
+            self._listener_class = vendor.Listener
+            self._listen()
+        elif conf.get("LOCAL_WAKEUP"):
+            self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self.socket.bind(("127.0.0.1", 0))
+            self.socket.setblocking(False)
+
+    @property
+    def address(self) -> str:
+        """Where producers send datagrams ("" when this consumer has none)."""
+        if self.socket is None:
+            return ""
+        host, port = self.socket.getsockname()
+        return f"{host}:{port}"
+
+    def _listen(self) -> None:
+        try:
+            self.listener = self._listener_class(self.alias)
+        except Exception as exc:  # the database is down: poll until it is back
+            logger.warning("LISTEN failed, polling instead: %s", exc)
+            self.listener = None
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds; True if woken for one of our queues."""
+        if self.listener is None and hasattr(self, "_listener_class"):
+            self._listen()
+        sources: list[Any] = [self._stop_read]
+        if self.listener is not None:
+            sources.append(self.listener)
+        if self.socket is not None:
+            sources.append(self.socket)
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select(sources, [], [], remaining)
+            if not ready:
+                return False
+            if self._stop_read in ready:
+                os.read(self._stop_read, MAX_DATAGRAM)
+                return True
+            if self._woken(ready):
+                return True
+        return False
+
+    def _woken(self, ready: list[Any]) -> bool:
+        names: set[str] = set()
+        if self.socket is not None and self.socket in ready:
+            while True:
+                try:
+                    names.add(self.socket.recv(MAX_DATAGRAM).decode(errors="replace"))
+                except BlockingIOError:
+                    break
+        if self.listener is not None and self.listener in ready:
+            try:
+                names |= self.listener.drain()
+            except Exception as exc:
+                logger.warning("lost the LISTEN connection, polling until back: %s", exc)
+                self.close_listener()
+                return True
+        return bool(names & self.queues)
+
+    def interrupt(self) -> None:
+        """Wake the waiting thread now (safe from a signal handler)."""
+        with contextlib.suppress(BlockingIOError):  # already pending
+            os.write(self._stop_write, b"x")
+
+    def close_listener(self) -> None:
+        if self.listener is not None:
+            with contextlib.suppress(Exception):  # closing a broken connection
+                self.listener.close()
+            self.listener = None
+
+    def close(self) -> None:
+        self.close_listener()
+        if self.socket is not None:
+            self.socket.close()
+        os.close(self._stop_read)
+        os.close(self._stop_write)
+
+
+# -- producers --------------------------------------------------------------------
+
+_addresses: dict[str, tuple[float, list[tuple[str, list[str]]]]] = {}
+_sender: socket.socket | None = None
+
+
+def wake_local_consumers(queue: str, using: str) -> None:
+    """After the caller's commit, send ``queue`` to idle consumers on this host."""
+    if not conf.get("LOCAL_WAKEUP") or getattr(
+        vendor_sql(connections[using]), "HAS_NOTIFY", False
+    ):
+        return
+    transaction.on_commit(lambda: _send(queue, using), using=using)
+
+
+def _send(queue: str, using: str) -> None:
+    global _sender
+    try:
+        targets = [address for address, queues in _local_consumers(using) if queue in queues]
+        if not targets:
+            return
+        if _sender is None:
+            _sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            _sender.setblocking(False)
+        payload = queue.encode()
+        for address in targets:
+            host, _, port = address.rpartition(":")
+            with contextlib.suppress(OSError):  # a consumer that just exited
+                _sender.sendto(payload, (host, int(port)))
+    except Exception as exc:  # a wake-up is an optimisation: never fail the producer
+        logger.debug("local wake-up failed: %s", exc)
+
+
+def _local_consumers(using: str) -> list[tuple[str, list[str]]]:
+    """Live consumers on this host with a wake-up address, cached for a second."""
+    from .models import Consumer
+
+    fetched_at, rows = _addresses.get(using, (0.0, []))
+    if time.monotonic() - fetched_at > ADDRESS_CACHE_SECONDS:
+        rows = list(
+            Consumer.objects.using(using)
+            .filter(host=socket.gethostname(), stopped_at__isnull=True)
+            .exclude(wakeup_address="")
+            .values_list("wakeup_address", "queues")
+        )
+        _addresses[using] = (time.monotonic(), rows)
+    return rows

@@ -1,0 +1,249 @@
+"""The consumer loop in this process (threads, real database); e2e/ runs it as a command."""
+
+import threading
+import time
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db.models import Count
+from django.utils import timezone
+
+from django_txqueue import Queue, Status, registry, signals
+from django_txqueue.models import Consumer, QueueItem
+from django_txqueue.worker import Worker
+from tests.testapp.models import Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {
+    "HEARTBEAT_INTERVAL": 0.1,
+    "RESCUE_INTERVAL": 0.2,
+    "RETRY_DELAY": 0.001,
+    "RETRY_MAX_DELAY": 0.001,
+    "CONSUMER_TIMEOUT": 1,
+    "SHUTDOWN_TIMEOUT": 5,
+}
+
+
+@pytest.fixture(autouse=True)
+def fast_settings(settings):
+    settings.TXQUEUE = {**settings.TXQUEUE, **FAST}
+
+
+def worker_for(*names, **options):
+    registry.autodiscover()
+    known = registry.handlers()
+    return Worker(handlers={name: known[name] for name in names}, **options)
+
+
+def start(worker):
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    return thread
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def runs_per_item():
+    return dict(Run.objects.values_list("item_id").annotate(n=Count("id")))
+
+
+class TestBurst:
+    @pytest.mark.parametrize(("concurrency", "batch"), [(1, None), (1, 10), (4, None), (3, 7)])
+    def test_processes_everything_once_and_stores_results(self, concurrency, batch):
+        items = Queue("echo").enqueue_many([{"n": n} for n in range(40)])
+        assert worker_for("echo", concurrency=concurrency, batch=batch, burst=True).run() == 0
+        ids = set(Queue("echo").items.values_list("pk", flat=True))
+        assert Queue("echo").count(status=Status.DONE) == 40
+        assert runs_per_item() == dict.fromkeys(ids, 1)
+        stored = QueueItem.objects.get(pk=items[3].pk if items[3].pk else min(ids) + 3)
+        assert stored.result == stored.payload
+        assert stored.attempts == 1 and stored.finished_at is not None
+
+    def test_burst_does_not_wait_for_items_scheduled_later(self):
+        Queue("echo").enqueue({}, delay=60)
+        started = time.monotonic()
+        assert worker_for("echo", burst=True).run() == 0
+        assert time.monotonic() - started < 5
+        assert Queue("echo").count() == 1
+
+    def test_consumer_row_registered_and_stopped(self):
+        Queue("echo").enqueue_many([{}] * 3)
+        worker = worker_for("echo", burst=True)
+        worker.run()
+        consumer = Consumer.objects.get(identity=worker.identity)
+        assert consumer.queues == ["echo"]
+        assert consumer.stopped_at is not None and consumer.processed == 3
+        assert set(QueueItem.objects.values_list("pid", flat=True)) == {worker.identity}
+
+
+class TestFailures:
+    def test_raising_handler_retries_then_fails_with_traceback(self):
+        item = Queue("boom").enqueue({"x": 1}, max_attempts=3)
+        deadline = time.monotonic() + 10
+        while Queue("boom").count(status=Status.FAILED) == 0 and time.monotonic() < deadline:
+            worker_for("boom", burst=True).run()
+            time.sleep(0.01)
+        stored = QueueItem.objects.get(pk=item.pk)
+        assert (stored.status, stored.attempts) == (Status.FAILED, 3)
+        assert "Traceback" in stored.last_error
+        assert "ValueError: boom {'x': 1}" in stored.last_error
+
+    def test_non_json_result_fails_at_once(self, monkeypatch):
+        worker = worker_for("echo", burst=True)
+        worker.handlers["echo"] = lambda item: {1, 2}
+        item = Queue("echo").enqueue({}, max_attempts=5)
+        worker.run()
+        stored = QueueItem.objects.get(pk=item.pk)
+        assert (stored.status, stored.attempts) == (Status.FAILED, 1)
+        assert "JSON-serialisable" in stored.last_error
+
+    def test_signals_report_claims_successes_and_failures(self):
+        seen = []
+
+        def record(signal_name):
+            return lambda sender, item, **kwargs: seen.append((signal_name, item.queue))
+
+        receivers = {
+            "claimed": record("claimed"),
+            "done": record("done"),
+            "failed": record("failed"),
+        }
+        signals.item_claimed.connect(receivers["claimed"])
+        signals.item_done.connect(receivers["done"])
+        signals.item_failed.connect(receivers["failed"])
+        try:
+            Queue("echo").enqueue({})
+            Queue("boom").enqueue({}, max_attempts=1)
+            worker_for("echo", "boom", burst=True).run()
+        finally:
+            signals.item_claimed.disconnect(receivers["claimed"])
+            signals.item_done.disconnect(receivers["done"])
+            signals.item_failed.disconnect(receivers["failed"])
+        assert sorted(seen) == [
+            ("claimed", "boom"),
+            ("claimed", "echo"),
+            ("done", "echo"),
+            ("failed", "boom"),
+        ]
+
+
+class TestLiveness:
+    def test_leases_are_renewed_while_a_handler_runs(self):
+        item = Queue("slow").enqueue({"seconds": 1.5})
+        worker = worker_for("slow", lease=0.5)
+        thread = start(worker)
+        assert wait_for(lambda: Run.objects.exists())
+        time.sleep(1.0)  # twice the lease: without renewal the item would be stuck
+        assert not Queue("slow").items.stuck().exists()
+        assert wait_for(lambda: Queue("slow").count(status=Status.DONE) == 1)
+        worker.stop()
+        thread.join(10)
+        assert QueueItem.objects.get(pk=item.pk).attempts == 1
+
+    def test_a_handler_past_its_timeout_loses_its_lease(self, settings):
+        settings.TXQUEUE = {**settings.TXQUEUE, "QUEUES": {"slow": {"TIMEOUT": 0.2}}}
+        Queue("slow").enqueue({"seconds": 2})
+        worker = worker_for("slow", lease=0.5)
+        thread = start(worker)
+        assert wait_for(lambda: Queue("slow").items.stuck().exists(), timeout=5)
+        worker.stop()
+        thread.join(10)
+
+    def test_a_dead_consumers_items_are_rescued_and_finished(self):
+        Consumer.objects.create(identity="gone", host="h", os_pid=1, stopped_at=timezone.now())
+        Queue("echo").enqueue_many([{}] * 3)
+        Queue("echo").claim(2, pid="gone", lease=600)
+        worker = worker_for("echo")
+        thread = start(worker)
+        assert wait_for(lambda: Queue("echo").count(status=Status.DONE) == 3)
+        worker.stop()
+        thread.join(10)
+        assert set(QueueItem.objects.values_list("attempts", flat=True)) <= {1, 2}
+
+    def test_rescue_fail_setting_fails_instead_of_rerunning(self, settings):
+        settings.TXQUEUE = {**settings.TXQUEUE, "QUEUES": {"echo": {"RESCUE": "fail"}}}
+        Consumer.objects.create(identity="gone", host="h", os_pid=1, stopped_at=timezone.now())
+        item = Queue("echo").enqueue({})
+        Queue("echo").claim(1, pid="gone", lease=600)
+        worker = worker_for("echo")
+        thread = start(worker)
+        assert wait_for(lambda: Queue("echo").count(status=Status.FAILED) == 1)
+        worker.stop()
+        thread.join(10)
+        assert not Run.objects.filter(item_id=item.pk).exists()
+
+
+class TestStop:
+    @pytest.mark.parametrize("concurrency", [1, 2])
+    def test_stop_finishes_running_work_and_releases_the_rest(self, concurrency):
+        Queue("slow").enqueue_many([{"seconds": 0.4}] * 6)
+        worker = worker_for("slow", concurrency=concurrency, batch=6)
+        thread = start(worker)
+        assert wait_for(lambda: Run.objects.count() >= concurrency)
+        worker.stop()
+        thread.join(10)
+        assert not thread.is_alive()
+        assert not QueueItem.objects.filter(status=Status.IN_PROGRESS).exists()
+        done = Queue("slow").count(status=Status.DONE)
+        assert done == Run.objects.count() and 1 <= done < 6
+        ready = QueueItem.objects.filter(status=Status.READY)
+        assert ready.count() == 6 - done
+        assert set(ready.values_list("attempts", flat=True)) == {0}
+        assert Consumer.objects.get(identity=worker.identity).stopped_at is not None
+
+
+class TestWakeup:
+    def test_an_idle_consumer_wakes_for_new_work_before_its_poll(self, settings):
+        settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 30}
+        worker = worker_for("echo")
+        thread = start(worker)
+        try:
+            assert wait_for(lambda: Consumer.objects.filter(identity=worker.identity).exists())
+            time.sleep(0.5)  # let it fall idle
+            started = time.monotonic()
+            Queue("echo").enqueue({"ping": 1})
+            assert wait_for(lambda: Queue("echo").count(status=Status.DONE) == 1, timeout=5)
+            assert time.monotonic() - started < 2
+        finally:
+            worker.stop()
+            thread.join(10)
+
+    def test_a_stray_datagram_only_causes_a_poll(self, settings):
+        import socket
+
+        settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 30}
+        worker = worker_for("echo")
+        thread = start(worker)
+        try:
+            assert wait_for(lambda: Consumer.objects.filter(identity=worker.identity).exists())
+            address = Consumer.objects.get(identity=worker.identity).wakeup_address
+            if address:
+                host, port = address.rsplit(":", 1)
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stray:
+                    stray.sendto(b"\xff" * 600, (host, int(port)))
+                    stray.sendto(b"echo", (host, int(port)))
+            time.sleep(0.3)
+            assert thread.is_alive()
+            assert Queue("echo").count(status=None) == 0
+        finally:
+            worker.stop()
+            thread.join(10)
+
+
+class TestCommand:
+    def test_unknown_queue_is_a_command_error_listing_known_ones(self):
+        with pytest.raises(CommandError, match=r"'nope'.*Known queues: .*boom.*echo"):
+            call_command("run_queue_consumer", "nope", "--burst")
+
+    def test_burst_command_processes_the_named_queue(self):
+        Queue("echo").enqueue_many([{}] * 5)
+        call_command("run_queue_consumer", "echo", "--burst", "--batch", "2", verbosity=0)
+        assert Queue("echo").count(status=Status.DONE) == 5

@@ -1,0 +1,52 @@
+"""Django Tasks run by django_txqueue.backends.TxQueueBackend (tests/test_backends.py)."""
+
+from typing import Any
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the django-tasks backport
+    from django_tasks import task  # type: ignore[no-redef, import-not-found, unused-ignore]
+
+
+class TaskBoom(Exception):
+    """Raised by a task, to find its path again in get_result's errors."""
+
+
+@task
+def add(a: Any, b: Any) -> Any:
+    return a + b
+
+
+@task(priority=10, queue_name="tasks-other")
+def shout(text: str, *, times: Any = 1) -> str:
+    return str(text.upper() * times)
+
+
+@task
+def boom(message: str) -> None:
+    raise TaskBoom(message)
+
+
+@task
+def builtin_boom() -> None:
+    raise ValueError("bad value")
+
+
+@task(takes_context=True)
+def attempt_info(context: Any, x: int) -> dict[str, Any]:
+    return {"attempt": context.attempt, "id": context.task_result.id, "x": x}
+
+
+@task
+async def async_double(x: int) -> int:
+    return x * 2
+
+
+@task
+def pair(x: int) -> tuple[int, int]:
+    return (x, x)
+
+
+@task
+def unserialisable() -> object:
+    return object()
