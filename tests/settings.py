@@ -23,10 +23,13 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 VENDOR = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
 HOST = os.environ.get("TXQUEUE_TEST_HOST", "127.0.0.1")
 _name = os.environ.get("TXQUEUE_TEST_NAME")
+# Separate test databases for test runs that share a machine at the same time.
+_run = os.environ.get("TXQUEUE_TEST_RUN", "")
+_test_name = f"test_txqueue{_run}"
 
 if VENDOR == "sqlite":
     # A file, not :memory:, so that several processes share one database.
-    _file = os.path.join(tempfile.gettempdir(), f"txqueue-test-{os.getuid()}.sqlite3")
+    _file = os.path.join(tempfile.gettempdir(), f"{_test_name}-{os.getuid()}.sqlite3")
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
@@ -45,6 +48,7 @@ elif VENDOR == "postgresql":
             "ENGINE": "django.db.backends.postgresql",
             "NAME": _name or "test",
             "USER": os.environ.get("TXQUEUE_TEST_USER", "postgres"),
+            "TEST": {"NAME": _test_name},
             "HOST": HOST,
             "PORT": os.environ.get("TXQUEUE_TEST_PORT", "5432"),
         }
@@ -55,6 +59,7 @@ elif VENDOR == "mysql":
             "ENGINE": "django.db.backends.mysql",
             "NAME": _name or "test",
             "USER": os.environ.get("TXQUEUE_TEST_USER", "root"),
+            "TEST": {"NAME": _test_name},
             "HOST": HOST,
             "PORT": os.environ.get("TXQUEUE_TEST_PORT", "3306"),
             "OPTIONS": {"charset": "utf8mb4"},
