@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from . import conf
-from .claim import vendor_sql
+from .claim import ClaimStatement, vendor_sql
 from .exceptions import QueueFull
 from .models import QueueItem, QueueItemQuerySet, Status, check_json, now_plus
 from .wakeup import wake_local_consumers
@@ -113,6 +113,7 @@ class Queue:
         self.using: str = (
             using or conf.queue_option(self.name, "DATABASE") or router.db_for_write(QueueItem)
         )
+        self._claims: dict[int, ClaimStatement] = {}  # compiled once per batch size
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, using={self.using!r})"
@@ -252,7 +253,10 @@ class Queue:
         """Claim up to ``limit`` due items (priority, run_at, id order) and return them."""
         if lease is None:
             lease = conf.queue_option(self.name, "LEASE")
-        return self.items.claim(limit, pid=pid, strategy=strategy, lease=lease)
+        statement = self._claims.get(limit)
+        if statement is None:
+            statement = self._claims[limit] = ClaimStatement(self.items, limit)
+        return statement.run(pid=pid, strategy=strategy, lease=lease)
 
     @contextmanager
     def dequeue(self) -> Iterator[QueueItem | None]:

@@ -88,19 +88,24 @@ def check_json(value: Any, what: str) -> None:
         raise TypeError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
-class ConsumerIdentity:
-    """This process's consumer identity, ``host:os-pid:random``, new after a fork.
+def new_identity() -> str:
+    """A consumer identity, ``host:os-pid:random``, never issued before.
 
     The random part makes a restarted container (same host name, same pid 1) a new
     consumer, so its predecessor's items are recognisably orphaned.
     """
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class ConsumerIdentity:
+    """This process's default identity for claims, new after a fork."""
 
     _value: ClassVar[str | None] = None
 
     @classmethod
     def get(cls) -> str:
         if cls._value is None:
-            cls._value = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+            cls._value = new_identity()
         return cls._value
 
     @classmethod
@@ -290,22 +295,9 @@ class QueueItemQuerySet(QueueQuerySet["QueueItem"]):
         Fenced like ``ack``: only rows still IN_PROGRESS under ``claim_token`` change.
         Returns how many did.
         """
-        if not results:
-            return 0
-        result: Any = None
-        if any(value is not None for value in results.values()):
-            field = QueueItem._meta.get_field("result")
-            result = Case(
-                *(
-                    When(pk=pk, then=Value(value, output_field=field))
-                    for pk, value in results.items()
-                ),
-                default=None,
-                output_field=field,
-            )
-        return self.filter(
-            pk__in=list(results), status=Status.IN_PROGRESS, claim_token=claim_token
-        ).update(status=Status.DONE, result=result, finished_at=Now(), lease_expires_at=None)
+        from .claim import ack_batch
+
+        return ack_batch(self.model, self.db, claim_token, results) if results else 0
 
     def renew_leases(self, tokens: dict[int, int], lease: timedelta) -> int:
         """Push the leases of in-flight items ``{pk: claim_token}`` to now + ``lease``."""

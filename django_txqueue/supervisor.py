@@ -3,6 +3,8 @@
 A child that dies (exits non-zero) is started again (after a pause that grows while children keep
 dying young, so a crash loop cannot spin). SIGTERM/SIGINT are passed on to every
 child, which stops gracefully; a second signal is passed on too, stopping them at once.
+Children run in their own sessions, so a terminal's Ctrl-C reaches them only through the
+supervisor, once (twice would stop them at once); SIGHUP is passed on too, unless ignored.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class Supervisor:
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self.on_signal)
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup: children ignore it
+            signal.signal(signal.SIGHUP, self.on_signal)  # a closed terminal: not in its group
         self.children = [self.spawn() for _ in range(self.processes)]
         while self.children:
             time.sleep(0.2)
@@ -39,7 +43,8 @@ class Supervisor:
         return 0
 
     def spawn(self) -> tuple[subprocess.Popen[bytes], float]:
-        child = subprocess.Popen(self.argv)  # noqa: S603 - our own command line
+        # Own session: signals sent to the supervisor's process group (Ctrl-C) skip it.
+        child = subprocess.Popen(self.argv, start_new_session=True)  # noqa: S603 - our own argv
         logger.info("started consumer process %d", child.pid)
         return child, time.monotonic()
 
@@ -63,6 +68,8 @@ class Supervisor:
             self.restart_pause,
         )
         time.sleep(self.restart_pause)
+        if self.signals:
+            return None  # told to stop during the pause: a child started now would miss it
         return self.spawn()
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -73,8 +80,13 @@ class Supervisor:
 
 
 def child_argv(argv: list[str] | None = None) -> list[str]:
-    """This command line without ``--processes``, to start one consumer per child."""
-    args = list(sys.argv if argv is None else argv)
+    """This command line without ``--processes``, to start one consumer per child.
+
+    ``argv`` is what followed the interpreter (default: ``sys.orig_argv[1:]``, which keeps
+    ``-m django``: ``sys.argv[0]`` would be django/__main__.py, and run as a script that
+    puts django/ on ``sys.path``, where its ``http`` package hides the standard library's).
+    """
+    args = list(sys.orig_argv[1:] if argv is None else argv)
     kept: list[str] = []
     skip = False
     for arg in args:

@@ -25,12 +25,12 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import Error as DatabaseError
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 from django.db.models.functions import Now
 
 from . import conf, signals
 from .api import Queue
-from .models import Consumer, QueueItem, Status, check_json, consumer_identity
+from .models import Consumer, QueueItem, Status, check_json, new_identity
 from .registry import Handler
 from .wakeup import Waiter
 
@@ -86,8 +86,10 @@ class Worker:
 
     def __post_init__(self) -> None:
         self.queues = list(self.handlers)
+        self.queue_objects = {name: Queue(name, using=self.using) for name in self.queues}
         self.batch = self.batch or self.concurrency
-        self.identity = consumer_identity()
+        # Its own identity, even beside another Worker in this process: one Consumer row each.
+        self.identity = new_identity()
         self.stopping = threading.Event()
         self.in_flight: dict[int, InFlight] = {}
         self.lock = threading.Lock()
@@ -98,6 +100,11 @@ class Worker:
         self.idle_wait = FIRST_IDLE_WAIT
         self.error_backoff = 0.0
         self.pool: HandlerThreads | None = None
+        # Database errors the loop and the heartbeat have met. A restarted server has dropped
+        # every connection, the handler threads' idle ones too: a thread that sees this count
+        # change checks its own connections before its next item.
+        self.database_errors = 0
+        self.local = threading.local()
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -121,7 +128,7 @@ class Worker:
                     if not self.step(heartbeat):
                         break
                     self.error_backoff = 0.0
-                except DatabaseError as exc:
+                except (OperationalError, InterfaceError) as exc:
                     self.recover(exc)
                 self.report_progress()
         finally:
@@ -152,7 +159,7 @@ class Worker:
         """Claim from the queues in turn, so that a busy queue cannot starve the others."""
         for offset in range(len(self.queues)):
             name = self.queues[(self.next_queue + offset) % len(self.queues)]
-            items = Queue(name, using=self.using).claim(
+            items = self.queue_objects[name].claim(
                 limit, pid=self.identity, strategy=self.strategy, lease=self.lease
             )
             if items:
@@ -184,14 +191,19 @@ class Worker:
             if entry is None:
                 return  # released by a shutdown before any thread started it
             entry.started = started
+        if getattr(self.local, "database_errors", 0) != self.database_errors:
+            self.local.database_errors = self.database_errors
+            close_broken_connections()
         outcome = Outcome(item)
         try:
             result = self.handlers[item.queue](item)
         except Exception:
             outcome.error = traceback.format_exc()
+            close_broken_connections(failed_only=True)  # else every later item fails too
         else:
             try:
-                check_json(result, f"the result of the {item.queue!r} handler")
+                if result is not None:
+                    check_json(result, f"the result of the {item.queue!r} handler")
                 outcome.result = result
             except TypeError as exc:
                 outcome.error, outcome.retry = str(exc), False  # retrying cannot help
@@ -297,6 +309,7 @@ class Worker:
                         self.rescue()
                         next_rescue = time.monotonic() + conf.get("RESCUE_INTERVAL")
                 except DatabaseError as exc:
+                    self.database_errors += 1
                     logger.warning("heartbeat failed, will retry: %s", exc)
                     close_if_broken(self.using)
         finally:
@@ -327,15 +340,20 @@ class Worker:
             QueueItem.objects.using(self.using).renew_leases(tokens, lease)
 
     def rescue(self) -> None:
-        rescued = sum(Queue(name, using=self.using).requeue_stuck() for name in self.queues)
+        rescued = sum(queue.requeue_stuck() for queue in self.queue_objects.values())
         if rescued:
             logger.warning("rescued %d stuck items", rescued)
 
     # -- faults, progress, stopping -------------------------------------------------
 
     def recover(self, exc: DatabaseError) -> None:
-        """A lost connection: log, back off (with jitter), reconnect on the next turn."""
+        """A lost connection: log, back off (with jitter), reconnect on the next turn.
+
+        Other database errors (a missing table, say) are bugs or setup mistakes: they end
+        the consumer with a traceback instead of retrying forever.
+        """
         self.error_backoff = min(max(self.error_backoff * 2, 0.5), MAX_ERROR_BACKOFF)
+        self.database_errors += 1
         logger.warning(
             "database error, retrying in %.1f s: %s", self.error_backoff, str(exc).strip()
         )
@@ -427,6 +445,14 @@ def close_if_broken(alias: str) -> None:
             connection.close()
     except DatabaseError:
         connection.connection = None
+
+
+def close_broken_connections(failed_only: bool = False) -> None:
+    """``close_if_broken`` for each connection this thread has opened; with ``failed_only``,
+    only for those that have raised an error (no round trip for the others)."""
+    for connection in connections.all(initialized_only=True):
+        if not failed_only or connection.errors_occurred:
+            close_if_broken(connection.alias)
 
 
 class HandlerThreads:

@@ -2,7 +2,7 @@ import datetime as dt
 import re
 
 import pytest
-from django.db import NotSupportedError, connection
+from django.db import NotSupportedError, connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -321,3 +321,43 @@ class TestIndexes:
         assert "txqueue_item_ready" in plan
         for sort in ("Sort", "filesort", "TEMP B-TREE"):
             assert sort not in plan, plan
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB lock-wait timeouts")
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_wait_timeout_during_a_claim_is_retried_not_raised():
+    """Another transaction holds the head row past innodb_lock_wait_timeout (1 s here):
+    the update_limit claim times out once (error 1205), retries, and then gets the row."""
+    import threading
+    import time
+
+    queue = Queue("locked")
+    item = queue.enqueue({})
+    holding = threading.Event()
+
+    def hold_row():
+        other = connections.create_connection("default")
+        with other.cursor() as cursor:
+            cursor.execute("START TRANSACTION")
+            cursor.execute(
+                f"SELECT id FROM {QueueItem._meta.db_table} WHERE id = %s FOR UPDATE", [item.pk]
+            )
+            holding.set()
+            time.sleep(1.6)
+            cursor.execute("COMMIT")
+        other.close()
+
+    holder = threading.Thread(target=hold_row)
+    holder.start()
+    try:
+        assert holding.wait(5)
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+        started = time.monotonic()
+        claimed = queue.claim(1, strategy="update_limit")
+        assert [i.pk for i in claimed] == [item.pk]
+        assert time.monotonic() - started >= 1.0  # it did wait, time out and retry
+    finally:
+        holder.join(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")

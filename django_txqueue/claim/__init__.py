@@ -18,23 +18,23 @@ import operator
 import random
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from django.db import NotSupportedError, OperationalError, connections
-from django.db.models import F
 from django.db.models.functions import Now
 from django.db.models.sql.subqueries import UpdateQuery
 
 from .. import conf
-from ..models import Status, consumer_identity
+from ..models import Consumer, Status, consumer_identity
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-    from ..models import QueueModel, QueueQuerySet
+    from ..models import QueueItem, QueueModel, QueueQuerySet
 
 # A deadlock or lock-wait timeout (MySQL), or a busy SQLite file past its timeout, is
 # retried this many times with a short jittered pause before it reaches the caller.
@@ -74,37 +74,7 @@ def claim(
     lease: float | timedelta | None,
 ) -> list[Any]:
     """Claim up to ``limit`` ready rows of ``queryset``; see ``QueueQuerySet.claim``."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be a positive integer, got {limit!r}")
-    if pid is not None and (not isinstance(pid, str) or not 1 <= len(pid) <= 255):
-        raise ValueError(f"pid must be a string of 1 to 255 characters, got {pid!r}")
-    duration = conf.to_timedelta(conf.get("LEASE") if lease is None else lease, "lease")
-    connection = connections[queryset.db]
-    statement = ClaimStatement(
-        queryset=queryset.ready().order_by(*claim_order(queryset)),
-        limit=limit,
-        connection=connection,
-        pid=pid or consumer_identity(),
-        lease=duration,
-    )
-    vendor = vendor_sql(connection)
-    run = getattr(vendor, f"claim_{resolve_strategy(strategy, connection)}")
-    owns_transaction = not connection.in_atomic_block
-    for attempt in range(TRANSIENT_RETRIES + 1):
-        try:
-            items: list[QueueModel] = run(statement)
-            break
-        except OperationalError as exc:
-            # Inside the caller's transaction the failed statement may have rolled the
-            # whole transaction back: only the caller can retry that.
-            if (
-                not owns_transaction
-                or attempt == TRANSIENT_RETRIES
-                or not vendor.is_transient(exc)
-            ):
-                raise
-            time.sleep(random.uniform(0.005, 0.02) * 2**attempt)
-    return sort_items(items, statement.order)
+    return ClaimStatement(queryset, limit).run(pid=pid, strategy=strategy, lease=lease)
 
 
 def claim_order(queryset: QueueQuerySet[Any]) -> tuple[Any, ...]:
@@ -124,33 +94,75 @@ def sort_items(items: list[Any], order: tuple[Any, ...]) -> list[Any]:
     return items
 
 
-@dataclass
-class ClaimStatement:
-    """The vendor-neutral pieces of one claim, compiled by Django from the queryset."""
+@dataclass(frozen=True)
+class ClaimValues:
+    """What differs between two claims of the same shape."""
 
-    queryset: QueueQuerySet[Any]
-    limit: int
-    connection: BaseDatabaseWrapper
     pid: str
+    token: int
     lease: timedelta
-    token: int = field(default_factory=lambda: secrets.randbits(63))
+
+
+class ClaimStatement:
+    """One claim shape (a queryset and a limit), compiled by Django once and reused.
+
+    ``Queue`` keeps these, so a consumer's claim costs one statement and no ORM work:
+    each call only assembles the vendor's SQL around cached pieces and binds the
+    claim's own values (pid, token, lease). Holds no connection: connections are per
+    thread, the SQL text is not.
+    """
+
+    def __init__(self, queryset: QueueQuerySet[Any], limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive integer, got {limit!r}")
+        self.queryset = queryset.ready().order_by(*claim_order(queryset))
+        self.limit = limit
+        self.model: type[QueueModel] = queryset.model
+        self.alias: str = queryset.db
+        self.order = tuple(self.queryset.query.order_by)
+        self._candidates: dict[str, tuple[str, list[Any]]] = {}
+        self._converters: dict[int, list[tuple[int, list[Any]]]] = {}
+        self._assignments: str | None = None
+        self._where_and_order: tuple[str, str, list[Any]] | None = None
 
     @property
-    def model(self) -> type[QueueModel]:
-        return self.queryset.model
+    def connection(self) -> BaseDatabaseWrapper:
+        return connections[self.alias]
 
-    @property
-    def order(self) -> tuple[Any, ...]:
-        return tuple(self.queryset.query.order_by)
+    def run(self, *, pid: str | None, strategy: str, lease: float | timedelta | None) -> list[Any]:
+        """Claim now: validate, pick the strategy, retry transient lock errors."""
+        if pid is not None and (not isinstance(pid, str) or not 1 <= len(pid) <= 255):
+            raise ValueError(f"pid must be a string of 1 to 255 characters, got {pid!r}")
+        duration = conf.to_timedelta(conf.get("LEASE") if lease is None else lease, "lease")
+        connection = self.connection
+        vendor = vendor_sql(connection)
+        run = getattr(vendor, f"claim_{resolve_strategy(strategy, connection)}")
+        values = ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration)
+        owns_transaction = not connection.in_atomic_block
+        for attempt in range(TRANSIENT_RETRIES + 1):
+            try:
+                items: list[QueueModel] = run(self, values)
+                break
+            except OperationalError as exc:
+                # Inside the caller's transaction the failed statement may have rolled the
+                # whole transaction back: only the caller can retry that.
+                if (
+                    not owns_transaction
+                    or attempt == TRANSIENT_RETRIES
+                    or not vendor.is_transient(exc)
+                ):
+                    raise
+                time.sleep(random.uniform(0.005, 0.02) * 2**attempt)
+        return sort_items(items, self.order)
 
     def quote(self, name: str) -> str:
         return self.connection.ops.quote_name(name)
 
-    @property
+    @cached_property
     def table(self) -> str:
         return self.quote(self.model._meta.db_table)
 
-    @property
+    @cached_property
     def pk(self) -> str:
         return self.column("pk")
 
@@ -158,59 +170,134 @@ class ClaimStatement:
         field = self.model._meta.pk if name == "pk" else self.model._meta.get_field(name)
         return self.quote(str(field.column))  # type: ignore[union-attr]
 
+    @cached_property
+    def fields(self) -> list[Any]:
+        return list(self.model._meta.concrete_fields)
+
     def columns(self, *, qualified: bool = True) -> str:
         """Every column of the model, for RETURNING or a read-back."""
         prefix = f"{self.table}." if qualified else ""
-        return ", ".join(
-            prefix + self.quote(str(f.column)) for f in self.model._meta.concrete_fields
-        )
+        return ", ".join(prefix + self.quote(str(f.column)) for f in self.fields)
 
     def candidates(self, lock: str = "") -> tuple[str, list[Any]]:
         """``SELECT pk`` of the first ``limit`` ready rows in claim order, plus ``lock``."""
-        query = self.queryset.values_list("pk", flat=True)[: self.limit].query
-        sql, params = query.get_compiler(connection=self.connection).as_sql()
-        return f"{sql} {lock}".rstrip(), list(params)
+        if lock not in self._candidates:
+            query = self.queryset.values_list("pk", flat=True)[: self.limit].query
+            sql, params = query.get_compiler(connection=self.connection).as_sql()
+            self._candidates[lock] = (f"{sql} {lock}".rstrip(), list(params))
+        sql, params = self._candidates[lock]
+        return sql, list(params)
 
     def where_and_order(self) -> tuple[str, str, list[Any]]:
         """The ready filter and the ORDER BY on their own, for a single-table UPDATE."""
-        query = self.queryset.query.clone()
-        compiler = query.get_compiler(connection=self.connection)
-        _, order_by, _ = compiler.pre_sql_setup()
-        if len(query.alias_map) > 1:
-            raise NotSupportedError(
-                "claim strategy 'update_limit' cannot filter through a join on "
-                f"{self.connection.display_name}; use 'skip_locked' or filter on own columns"
-            )
-        where, params = compiler.compile(compiler.where)
-        order = ", ".join(sql for _, (sql, _, _) in order_by)
-        order_params = [p for _, (_, ps, _) in order_by for p in ps]
-        return where, order, [*params, *order_params]
-
-    def assignments(self) -> tuple[str, list[Any]]:
-        """The SET clause: IN_PROGRESS under this claim, attempt counted, lease from now."""
-        values: dict[str, Any] = {
-            "status": Status.IN_PROGRESS,
-            "pid": self.pid,
-            "claim_token": self.token,
-            "attempts": F("attempts") + 1,
-            "claimed_at": Now(),
-            "lease_expires_at": Now() + self.lease,
-        }
-        query = UpdateQuery(self.model)
-        compiler = query.get_compiler(connection=self.connection)
-        parts, params = [], []
-        for name, value in values.items():
-            if hasattr(value, "resolve_expression"):
-                sql, value_params = compiler.compile(
-                    value.resolve_expression(query, allow_joins=False, for_save=True)
+        if self._where_and_order is None:
+            query = self.queryset.query.clone()
+            compiler = query.get_compiler(connection=self.connection)
+            _, order_by, _ = compiler.pre_sql_setup()
+            if len(query.alias_map) > 1:
+                raise NotSupportedError(
+                    "claim strategy 'update_limit' cannot filter through a join on "
+                    f"{self.connection.display_name}; use 'skip_locked' or filter on own columns"
                 )
-            else:
-                sql, value_params = "%s", [value]
-            parts.append(f"{self.column(name)} = {sql}")
-            params.extend(value_params)
-        return ", ".join(parts), params
+            where, params = compiler.compile(compiler.where)
+            order = ", ".join(sql for _, (sql, _, _) in order_by)
+            order_params = [p for _, (_, ps, _) in order_by for p in ps]
+            self._where_and_order = (where, order, [*params, *order_params])
+        where, order, params = self._where_and_order
+        return where, order, list(params)
+
+    def assignments(self, values: ClaimValues) -> tuple[str, list[Any]]:
+        """The SET clause: IN_PROGRESS under this claim, attempt counted, lease from now."""
+        vendor = vendor_sql(self.connection)
+        if self._assignments is None:
+            now = now_sql(self.connection)
+            attempts = self.column("attempts")
+            self._assignments = (
+                f"{self.column('status')} = %s, {self.column('pid')} = %s, "
+                f"{self.column('claim_token')} = %s, {attempts} = {attempts} + 1, "
+                f"{self.column('claimed_at')} = {now}, "
+                f"{self.column('lease_expires_at')} = {vendor.lease_expiry(now)}"
+            )
+        params = [Status.IN_PROGRESS, values.pid, values.token, vendor.lease_param(values.lease)]
+        return self._assignments, params
 
     def fetch(self, sql: str, params: list[Any]) -> list[Any]:
-        """Run a statement that returns whole rows and load them as model instances."""
-        manager = self.model._base_manager.db_manager(self.connection.alias)
-        return list(manager.raw(sql, params))
+        """Run a statement that returns whole rows (``columns()``) and load them."""
+        connection = self.connection
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        converters = self.converters(connection)
+        names = [field.attname for field in self.fields]
+        items = []
+        for row in rows:
+            values = list(row)
+            for index, functions in converters:
+                for convert in functions:
+                    values[index] = convert(values[index], self.fields[index], connection)
+            items.append(self.model.from_db(self.alias, names, values))
+        return items
+
+    def converters(self, connection: BaseDatabaseWrapper) -> list[tuple[int, list[Any]]]:
+        """Django's per-field value converters for this connection, looked up once."""
+        key = id(connection)
+        if key not in self._converters:
+            found = []
+            for index, field in enumerate(self.fields):
+                column = field.get_col(self.model._meta.db_table)
+                functions = connection.ops.get_db_converters(column) + field.get_db_converters(
+                    connection
+                )
+                if functions:
+                    found.append((index, functions))
+            self._converters[key] = found
+        return self._converters[key]
+
+
+_now_sql: dict[str, str] = {}
+
+
+def now_sql(connection: BaseDatabaseWrapper) -> str:
+    """The database clock as SQL, as Django's ``Now()`` writes it for this vendor."""
+    if connection.vendor not in _now_sql:
+        compiler = UpdateQuery(Consumer).get_compiler(connection=connection)
+        sql, params = compiler.compile(Now())
+        assert not params  # noqa: S101 - Now() takes none
+        _now_sql[connection.vendor] = sql
+    return _now_sql[connection.vendor]
+
+
+def ack_batch(
+    model: type[QueueItem], alias: str, claim_token: int, results: dict[int, Any]
+) -> int:
+    """Mark DONE, in one fenced UPDATE, items of one claim: ``{pk: result}``.
+
+    Only rows still IN_PROGRESS under ``claim_token`` change; returns how many did.
+    The other half of DESIGN section 11's budget: one acknowledgement per batch.
+    """
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    meta = model._meta
+
+    def column(name: str) -> str:
+        return quote(str(getattr(meta.get_field(name), "column", name)))
+
+    pk = quote(str(meta.pk.column))
+    params: list[Any] = [Status.DONE]
+    result_sql = "NULL"
+    if any(value is not None for value in results.values()):
+        field: Any = meta.get_field("result")
+        result_sql = "CASE " + " ".join(f"WHEN {pk} = %s THEN %s" for _ in results) + " END"
+        for item_pk, value in results.items():
+            params += [item_pk, field.get_db_prep_save(value, connection)]
+    params += [*results, Status.IN_PROGRESS, claim_token]
+    sql = (
+        f"UPDATE {quote(meta.db_table)} SET {column('status')} = %s, "
+        f"{column('result')} = {result_sql}, {column('finished_at')} = {now_sql(connection)}, "
+        f"{column('lease_expires_at')} = NULL "
+        f"WHERE {pk} IN ({', '.join(['%s'] * len(results))}) "
+        f"AND {column('status')} = %s AND {column('claim_token')} = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)

@@ -7,6 +7,7 @@ only the rows they take.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import OperationalError, connections, transaction
@@ -16,13 +17,13 @@ from ..models import Status
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
-    from . import ClaimStatement
+    from . import ClaimStatement, ClaimValues
 
 # ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
 TRANSIENT_ERRORS = {1213, 1205}
 
 
-def claim_skip_locked(claim: ClaimStatement) -> list[Any]:
+def claim_skip_locked(claim: ClaimStatement, values: ClaimValues) -> list[Any]:
     """Lock the first ready rows nobody else holds, mark them claimed, commit."""
     candidates, params = claim.candidates(claim.connection.ops.for_update_sql(skip_locked=True))
     with transaction.atomic(using=claim.connection.alias), claim.connection.cursor() as cursor:
@@ -30,19 +31,19 @@ def claim_skip_locked(claim: ClaimStatement) -> list[Any]:
         ids = [row[0] for row in cursor.fetchall()]
         if not ids:
             return []
-        assignments, assignment_params = claim.assignments()
+        assignments, assignment_params = claim.assignments(values)
         cursor.execute(
             f"UPDATE {claim.table} SET {assignments} "
             f"WHERE {claim.pk} IN ({', '.join(['%s'] * len(ids))})",
             assignment_params + ids,
         )
-    return read_back(claim)
+    return read_back(claim, values)
 
 
-def claim_update_limit(claim: ClaimStatement) -> list[Any]:
+def claim_update_limit(claim: ClaimStatement, values: ClaimValues) -> list[Any]:
     """One atomic ``UPDATE ... ORDER BY ... LIMIT n``, then read back by the claim token."""
     where, order, where_params = claim.where_and_order()
-    assignments, assignment_params = claim.assignments()
+    assignments, assignment_params = claim.assignments(values)
     with claim.connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {claim.table} SET {assignments} WHERE {where} ORDER BY {order} LIMIT %s",
@@ -50,16 +51,24 @@ def claim_update_limit(claim: ClaimStatement) -> list[Any]:
         )
         if cursor.rowcount == 0:
             return []
-    return read_back(claim)
+    return read_back(claim, values)
 
 
-def read_back(claim: ClaimStatement) -> list[Any]:
+def read_back(claim: ClaimStatement, values: ClaimValues) -> list[Any]:
     """The rows this claim reserved: by its own token, never by pid and status alone."""
     return claim.fetch(
         f"SELECT {claim.columns()} FROM {claim.table} "
         f"WHERE {claim.column('status')} = %s AND {claim.column('claim_token')} = %s",
-        [Status.IN_PROGRESS, claim.token],
+        [Status.IN_PROGRESS, values.token],
     )
+
+
+def lease_expiry(now: str) -> str:
+    return f"{now} + INTERVAL %s MICROSECOND"
+
+
+def lease_param(lease: timedelta) -> int:
+    return lease // timedelta(microseconds=1)
 
 
 def is_transient(exc: OperationalError) -> bool:

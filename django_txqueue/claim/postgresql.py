@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import OperationalError, connections
@@ -12,7 +13,7 @@ from ..models import Status
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
-    from . import ClaimStatement
+    from . import ClaimStatement, ClaimValues
 
 # How often an update_limit claim that lost all its rows to concurrent claims tries again.
 LOST_RACE_RETRIES = 5
@@ -20,10 +21,10 @@ LOST_RACE_RETRIES = 5
 TRANSIENT_SQLSTATES = {"40001", "40P01"}
 
 
-def claim_skip_locked(claim: ClaimStatement) -> list[Any]:
+def claim_skip_locked(claim: ClaimStatement, values: ClaimValues) -> list[Any]:
     """Lock the first ready rows nobody else holds and claim them, in one round trip."""
     candidates, candidate_params = claim.candidates("FOR UPDATE SKIP LOCKED")
-    assignments, assignment_params = claim.assignments()
+    assignments, assignment_params = claim.assignments(values)
     sql = (
         f"WITH picked ({claim.pk}) AS MATERIALIZED ({candidates}) "
         f"UPDATE {claim.table} SET {assignments} FROM picked "
@@ -33,7 +34,7 @@ def claim_skip_locked(claim: ClaimStatement) -> list[Any]:
     return claim.fetch(sql, candidate_params + assignment_params)
 
 
-def claim_update_limit(claim: ClaimStatement) -> list[Any]:
+def claim_update_limit(claim: ClaimStatement, values: ClaimValues) -> list[Any]:
     """Seed 003's reservation: claim the first n ready rows, waiting on locked ones.
 
     PostgreSQL has no UPDATE ... LIMIT; a locking, materialised sub-SELECT with LIMIT
@@ -44,7 +45,7 @@ def claim_update_limit(claim: ClaimStatement) -> list[Any]:
     ready rows remain.
     """
     candidates, candidate_params = claim.candidates("FOR UPDATE")
-    assignments, assignment_params = claim.assignments()
+    assignments, assignment_params = claim.assignments(values)
     sql = (
         f"WITH picked ({claim.pk}) AS MATERIALIZED ({candidates}) "
         f"UPDATE {claim.table} SET {assignments} FROM picked "
@@ -58,6 +59,14 @@ def claim_update_limit(claim: ClaimStatement) -> list[Any]:
         if items or not claim.queryset.exists():
             return items
     return []
+
+
+def lease_expiry(now: str) -> str:
+    return f"{now} + %s"
+
+
+def lease_param(lease: timedelta) -> timedelta:
+    return lease  # psycopg sends an interval
 
 
 def is_transient(exc: OperationalError) -> bool:

@@ -8,6 +8,7 @@ with "database is locked". There are no row locks, hence no SKIP LOCKED strategy
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import OperationalError
@@ -15,19 +16,28 @@ from django.db import OperationalError
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
-    from . import ClaimStatement
+    from . import ClaimStatement, ClaimValues
 
 
-def claim_update_limit(claim: ClaimStatement) -> list[Any]:
+def claim_update_limit(claim: ClaimStatement, values: ClaimValues) -> list[Any]:
     """Reserve the first n ready rows and return them, atomically, in one statement."""
     candidates, candidate_params = claim.candidates()
-    assignments, assignment_params = claim.assignments()
+    assignments, assignment_params = claim.assignments(values)
     sql = (
         f"UPDATE {claim.table} SET {assignments} "
         f"WHERE {claim.pk} IN ({candidates}) "
         f"RETURNING {claim.columns(qualified=False)}"
     )
     return claim.fetch(sql, assignment_params + candidate_params)
+
+
+def lease_expiry(now: str) -> str:
+    # SQLite's own date arithmetic, in the text format Django stores (UTC).
+    return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s)"
+
+
+def lease_param(lease: timedelta) -> str:
+    return f"+{lease.total_seconds()} seconds"
 
 
 def is_transient(exc: OperationalError) -> bool:

@@ -28,3 +28,9 @@ def slow(item):
 @handler("noop")
 def noop(item):
     return None
+
+
+@handler("bench")
+def bench(item):
+    """tests/bench/wakeup.py: the item's result is the wall-clock time its handler started."""
+    return time.time()
