@@ -83,8 +83,9 @@ def drain_by_hand(batch: int) -> float:
         while True:
             if VENDOR == "postgresql":
                 cursor.execute(
-                    f"WITH c AS MATERIALIZED (SELECT id FROM {table} WHERE queue = %s AND status = 1"
-                    " AND run_at <= now() ORDER BY priority, run_at, id LIMIT %s"
+                    f"WITH c AS MATERIALIZED (SELECT id FROM {table}"
+                    " WHERE queue = %s AND status = 1 AND run_at <= now()"
+                    " ORDER BY priority, run_at, id LIMIT %s"
                     " FOR UPDATE SKIP LOCKED)"
                     f" UPDATE {table} t SET status = 2, pid = 'x', attempts = t.attempts + 1,"
                     " claimed_at = now(), lease_expires_at = now() + interval '300 s'"
