@@ -1,0 +1,316 @@
+"""Real consumer processes: ``python -m django run_queue_consumer`` against the test database.
+
+Each test starts the command as a user would, sends it the signals an operator (or a crash)
+would, and checks the database afterwards. Children open the test database through
+``child_env()``; ``TXQUEUE_TEST_SETTINGS`` gives them fast heartbeats, rescues and retries.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db.models import Count
+
+from django_txqueue import Queue, Status
+from django_txqueue.models import Consumer, QueueItem
+from tests.conftest import ROOT, child_env
+from tests.testapp.models import Run
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+SHUTDOWN_TIMEOUT = 5
+FAST = {
+    "HEARTBEAT_INTERVAL": 0.2,
+    "RESCUE_INTERVAL": 0.5,
+    "CONSUMER_TIMEOUT": 2,
+    "POLL_INTERVAL": 0.5,
+    "RETRY_DELAY": 0.01,
+    "RETRY_MAX_DELAY": 0.01,
+    "SHUTDOWN_TIMEOUT": SHUTDOWN_TIMEOUT,
+}
+START_TIMEOUT = 20  # seconds for a consumer to start (Django setup, migrations checked)
+
+
+@pytest.fixture
+def consumers(tmp_path):
+    """Start ``run_queue_consumer ARGS`` processes; whatever is still running is killed after."""
+    started = []
+
+    def start(*args):
+        err_path = tmp_path / f"consumer{len(started)}.err"
+        with (
+            (tmp_path / f"consumer{len(started)}.out").open("wb") as out,
+            err_path.open("wb") as err,
+        ):
+            proc = subprocess.Popen(  # noqa: S603 - our own command line
+                [sys.executable, "-m", "django", "run_queue_consumer", *args],
+                env={**child_env(), "TXQUEUE_TEST_SETTINGS": json.dumps(FAST)},
+                cwd=ROOT,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,  # its own process group, as in a terminal
+            )
+        started.append(proc)
+        proc.err_path = err_path
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGSTOP)  # a supervisor must not start more children
+            for pid in child_pids(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def child_pids(pid):
+    if not os.path.isdir("/proc"):  # not Linux
+        found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)  # noqa: S607
+        return [int(line) for line in found.stdout.split()]
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:  # "pid (comm) state ppid ..."
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            children.append(int(entry))
+    return children
+
+
+def stderr_of(*procs):
+    return "\n".join(f"--- pid {p.pid} stderr:\n{p.err_path.read_text()}" for p in procs)
+
+
+def wait_for(condition, timeout, what, procs=()):
+    """Poll ``condition`` until it returns something truthy (returned), or fail."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}\n{stderr_of(*procs)}")
+        time.sleep(0.05)
+
+
+def exit_code(proc, timeout):
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"pid {proc.pid} still running after {timeout} s\n{stderr_of(proc)}")
+
+
+def pid_exists(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def runs_per_item():
+    return dict(Run.objects.values_list("item_id").annotate(n=Count("id")))
+
+
+def item_ids(queue):
+    return set(Queue(queue).items.values_list("pk", flat=True))
+
+
+def children_of(supervisor):
+    """Consumer rows of a supervisor's running children (it has none of its own)."""
+    return list(Consumer.objects.exclude(os_pid=supervisor.pid).filter(stopped_at__isnull=True))
+
+
+def test_two_burst_consumers_process_every_item_exactly_once(consumers):
+    Queue("echo").enqueue_many([{"n": n} for n in range(300)])
+    ids = item_ids("echo")
+
+    procs = [consumers("echo", "--burst", "--batch", "5") for _ in range(2)]
+
+    for proc in procs:
+        assert exit_code(proc, 60) == 0, stderr_of(proc)
+    done = QueueItem.objects.filter(queue="echo", status=Status.DONE, attempts=1)
+    assert set(done.values_list("pk", flat=True)) == ids
+    assert runs_per_item() == dict.fromkeys(ids, 1)
+    rows = Consumer.objects.filter(os_pid__in=[p.pid for p in procs])
+    assert rows.count() == 2
+    assert all(row.stopped_at is not None for row in rows)
+    assert sum(row.processed for row in rows) == 300
+
+
+def test_sigterm_finishes_running_items_releases_the_rest_and_exits_0(consumers):
+    Queue("slow").enqueue_many([{"seconds": 0.3}] * 20)
+    ids = item_ids("slow")
+    proc = consumers("slow", "--concurrency", "2", "--batch", "4")
+    wait_for(lambda: Run.objects.count() >= 3, START_TIMEOUT, "three runs", [proc])
+
+    proc.send_signal(signal.SIGTERM)
+
+    assert exit_code(proc, SHUTDOWN_TIMEOUT) == 0, stderr_of(proc)
+    me = Consumer.objects.get(os_pid=proc.pid)
+    assert me.stopped_at is not None
+    assert not QueueItem.objects.filter(pid=me.identity, status=Status.IN_PROGRESS).exists()
+    runs = runs_per_item()
+    assert set(runs.values()) == {1}
+    started = set(runs)
+    done = QueueItem.objects.filter(status=Status.DONE, attempts=1)
+    assert set(done.values_list("pk", flat=True)) == started
+    ready = QueueItem.objects.filter(status=Status.READY, attempts=0, pid="")
+    assert set(ready.values_list("pk", flat=True)) == ids - started
+    assert ids - started, "the consumer was stopped mid-run, with items left"
+    assert me.processed == len(started)
+
+
+def test_items_of_a_killed_consumer_are_rescued_and_finished_by_another(consumers):
+    Queue("slow").enqueue_many([{"seconds": 0.3}] * 16)
+    ids = item_ids("slow")
+    args = ("slow", "--concurrency", "2", "--batch", "4", "--lease", "2")
+    first = consumers(*args)
+    wait_for(lambda: Run.objects.count() >= 4, START_TIMEOUT, "four runs", [first])
+    killed = Consumer.objects.get(os_pid=first.pid)
+
+    first.kill()
+    first.wait(timeout=10)
+    in_flight = set(
+        QueueItem.objects.filter(pid=killed.identity, status=Status.IN_PROGRESS).values_list(
+            "pk", flat=True
+        )
+    )
+    assert in_flight, "the consumer was killed with items in flight"
+
+    second = consumers(*args)
+    wait_for(
+        lambda: Queue("slow").count(status=Status.DONE) == len(ids),
+        30,
+        "every item DONE",
+        [second],
+    )
+    second.send_signal(signal.SIGTERM)
+    assert exit_code(second, SHUTDOWN_TIMEOUT) == 0, stderr_of(second)
+
+    runs = runs_per_item()
+    assert set(runs) == ids
+    assert {pk for pk, n in runs.items() if n > 1} <= in_flight
+    assert max(runs.values()) <= 2
+    rescuer = Consumer.objects.get(os_pid=second.pid).identity
+    rescued = QueueItem.objects.filter(pk__in=in_flight)
+    assert {(i.status, i.attempts, i.pid) for i in rescued} == {(Status.DONE, 2, rescuer)}
+    others = QueueItem.objects.exclude(pk__in=in_flight)
+    assert set(others.values_list("status", "attempts")) == {(Status.DONE, 1)}
+    assert killed.stopped_at is None  # it never got to say goodbye
+
+
+def test_failing_handler_is_retried_then_failed_with_its_traceback(consumers):
+    item = Queue("boom").enqueue({"n": 1}, max_attempts=3)
+    deadline = time.monotonic() + 40
+    while True:  # --burst exits while the retry is scheduled: run it again, as cron would
+        proc = consumers("boom", "--burst")
+        assert exit_code(proc, 30) == 0, stderr_of(proc)
+        item.refresh_from_db()
+        if item.status == Status.FAILED or time.monotonic() > deadline:
+            break
+
+    assert item.status == Status.FAILED
+    assert item.attempts == 3
+    assert "Traceback (most recent call last)" in item.last_error
+    assert "ValueError: boom" in item.last_error
+    assert sum(Consumer.objects.values_list("failed", flat=True)) == 3
+
+
+def test_unknown_queue_exits_non_zero_listing_the_known_ones(consumers):
+    proc = consumers("no-such-queue", "--burst")
+
+    assert exit_code(proc, 30) != 0
+    err = proc.err_path.read_text()
+    assert "'no-such-queue'" in err
+    assert "Known queues:" in err
+    assert "echo" in err and "slow" in err
+    assert not Consumer.objects.exists()
+
+
+def test_supervisor_restarts_a_killed_child_and_stops_all_on_sigterm(consumers):
+    Queue("slow").enqueue_many([{"seconds": 0.1}] * 300)
+    supervisor = consumers("slow", "--processes", "2")
+    first = wait_for(
+        lambda: len(rows := children_of(supervisor)) == 2 and rows,
+        START_TIMEOUT,
+        "two children",
+        [supervisor],
+    )
+    victim = first[0]
+
+    os.kill(victim.os_pid, signal.SIGKILL)
+
+    new = wait_for(
+        lambda: (
+            Consumer.objects.exclude(os_pid=supervisor.pid)
+            .exclude(identity__in=[row.identity for row in first])
+            .first()
+        ),
+        START_TIMEOUT,
+        "a new child",
+        [supervisor],
+    )
+    assert new.os_pid != victim.os_pid
+    wait_for(
+        lambda: QueueItem.objects.filter(pid=new.identity, status=Status.DONE).exists(),
+        START_TIMEOUT,
+        "the new child to process items",
+        [supervisor],
+    )
+
+    supervisor.send_signal(signal.SIGTERM)
+
+    assert exit_code(supervisor, SHUTDOWN_TIMEOUT + 5) == 0, stderr_of(supervisor)
+    survivors = [first[1].identity, new.identity]
+    for row in Consumer.objects.filter(identity__in=survivors):
+        assert row.stopped_at is not None, row
+        assert not pid_exists(row.os_pid)
+    assert not QueueItem.objects.filter(pid__in=survivors, status=Status.IN_PROGRESS).exists()
+    assert Consumer.objects.exclude(os_pid=supervisor.pid).count() == 3
+
+
+def test_ctrl_c_stops_supervised_children_gracefully(consumers):
+    """A terminal's Ctrl-C sends SIGINT to the whole foreground process group."""
+    Queue("slow").enqueue_many([{"seconds": 0.3}] * 100)
+    supervisor = consumers("slow", "--processes", "2", "--concurrency", "2")
+    children = wait_for(
+        lambda: len(rows := children_of(supervisor)) == 2 and rows,
+        START_TIMEOUT,
+        "two children",
+        [supervisor],
+    )
+    wait_for(lambda: Run.objects.count() >= 4, START_TIMEOUT, "four runs", [supervisor])
+
+    os.killpg(supervisor.pid, signal.SIGINT)
+
+    assert exit_code(supervisor, SHUTDOWN_TIMEOUT + 5) == 0, stderr_of(supervisor)
+    for row in Consumer.objects.filter(pk__in=[row.pk for row in children]):
+        assert row.stopped_at is not None, f"{row} was not stopped gracefully"
+    assert not QueueItem.objects.filter(status=Status.IN_PROGRESS).exists()
+
+
+def test_sigterm_while_a_dead_child_waits_to_be_restarted(consumers):
+    supervisor = consumers("echo", "--processes", "2")
+    children = wait_for(
+        lambda: len(rows := children_of(supervisor)) == 2 and rows,
+        START_TIMEOUT,
+        "two children",
+        [supervisor],
+    )
+    os.kill(children[0].os_pid, signal.SIGKILL)
+    # Reaped: the supervisor saw it die and now pauses (1 s for a young death) to restart it.
+    wait_for(lambda: not pid_exists(children[0].os_pid), 5, "the supervisor to reap it")
+
+    supervisor.send_signal(signal.SIGTERM)
+
+    assert exit_code(supervisor, SHUTDOWN_TIMEOUT + 5) == 0, stderr_of(supervisor)
+    assert Consumer.objects.exclude(os_pid=supervisor.pid).count() == 2, "nothing restarted"
+    assert Consumer.objects.get(pk=children[1].pk).stopped_at is not None

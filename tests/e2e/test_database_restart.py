@@ -1,0 +1,316 @@
+"""A running consumer survives a restart of its database server (DESIGN section 5).
+
+Each vendor gets a throwaway server of its own (``servers.py``): never the shared ones.
+The consumer is a real ``run_queue_consumer`` process; everything else talks to the
+throwaway server through subprocesses or the raw driver, so no test here uses
+pytest-django's ``db`` fixture.
+
+The tests of a vendor run in the suite run of that vendor (``TXQUEUE_TEST_DB=postgresql``
+or ``mysql``), so that CI's passes do not repeat them. A machine without the server
+binaries skips them, except under ``CI=true``, where that is a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .servers import SERVERS, Server
+
+ROOT = Path(__file__).resolve().parents[2]
+DBNAME = "txqueue_e2e"
+ITEMS = 100
+SECONDS_EACH = 0.05  # ITEMS * SECONDS_EACH: about 5 s of work, so the outage hits mid-run
+DOWN = 2.0  # seconds the server stays down
+READY, IN_PROGRESS, DONE, FAILED = 1, 2, 3, 4
+FAST = {
+    "HEARTBEAT_INTERVAL": 0.2,
+    "POLL_INTERVAL": 0.2,
+    "RESCUE_INTERVAL": 1,
+    "CONSUMER_TIMEOUT": 5,
+    "RETRY_DELAY": 0.5,
+    "RETRY_MAX_DELAY": 1,
+    "LEASE": 10,
+}
+RETRY_LINE = re.compile(r"database error, retrying in ([\d.]+) s")
+LOGGED_RETRY = re.compile(r"^(\S+ \S+) WARNING database error, retrying in ([\d.]+) s", re.M)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", params=sorted(SERVERS))
+def server(request):
+    """A throwaway server of one vendor with the test database migrated, for this module."""
+    vendor = request.param
+    current = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
+    if current != vendor:
+        pytest.skip(f"runs with TXQUEUE_TEST_DB={vendor} (this run: {current})")
+    kind = SERVERS[vendor]
+    reason = kind.missing()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the {vendor} restart tests: {reason}")
+        pytest.skip(reason)
+    instance = kind()
+    request.addfinalizer(instance.destroy)
+    instance.start()
+    instance.create_database(DBNAME)
+    django(instance, "migrate", "--noinput", "-v", "0")
+    return instance
+
+
+@pytest.fixture
+def fresh(server):
+    """Empty queue, run and consumer tables."""
+    for table in ("django_txqueue_queueitem", "django_txqueue_consumer", "testapp_run"):
+        server.query(DBNAME, f"DELETE FROM {table}")
+    return server
+
+
+def child_env(server: Server, settings: dict | None = None) -> dict[str, str]:
+    """A Django process on the throwaway server's test database, whatever this run uses."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXQUEUE_")}
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+        TXQUEUE_TEST_DB=server.vendor,
+        TXQUEUE_TEST_HOST="127.0.0.1",
+        TXQUEUE_TEST_PORT=str(server.port),
+        TXQUEUE_TEST_USER=server.user,
+        TXQUEUE_TEST_NAME=DBNAME,
+        TXQUEUE_TEST_SETTINGS=json.dumps(settings or FAST),
+    )
+    return env
+
+
+def django(server: Server, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "django", *args],
+        env=child_env(server),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"django {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def enqueue(server: Server, queue: str, payloads: str) -> None:
+    """``payloads``: a Python expression for the list, evaluated in the child."""
+    django(
+        server,
+        "shell",
+        "-c",
+        f"from django_txqueue import enqueue_many; enqueue_many({queue!r}, {payloads})",
+    )
+
+
+def counts(server: Server, queue: str) -> dict[int, int]:
+    rows = server.query(
+        DBNAME,
+        "SELECT status, COUNT(*) FROM django_txqueue_queueitem WHERE queue = %s GROUP BY status",
+        (queue,),
+    )
+    return {int(status): int(n) for status, n in rows}
+
+
+def wait_for(condition, timeout: float, what: str, running=None, interval: float = 0.05):
+    """Poll ``condition`` until true; fail at once if the ``running`` consumer exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if running is not None:
+            running.assert_alive()
+        try:
+            value = condition()
+        except Exception:  # the server may still be refusing connections
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Consumer:
+    """A ``run_queue_consumer -v 2`` process; its log (stderr) goes to a file."""
+
+    def __init__(self, server: Server, tmp_path: Path, *args: str, settings=None) -> None:
+        self.log = tmp_path / "consumer.log"
+        with open(self.log, "wb") as stderr, open(tmp_path / "consumer.out", "wb") as stdout:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "django", "run_queue_consumer", *args, "-v", "2"],
+                env=child_env(server, settings),
+                cwd=ROOT,
+                stdout=stdout,
+                stderr=stderr,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def assert_alive(self) -> None:
+        assert self.process.poll() is None, f"the consumer died:\n{self.output()}"
+
+    def terminate(self) -> int:
+        """SIGTERM, as a deployment would; the exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=30)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def consumer(server: Server, tmp_path: Path, *args: str, settings=None):
+    running = Consumer(server, tmp_path, *args, settings=settings)
+    try:
+        yield running
+    finally:
+        running.kill()
+
+
+def back_off_over(output: str) -> bool:
+    """Past the end of the last back-off pause logged (its jitter is at most +20%).
+
+    Called once the server is back: had the attempt after that pause failed, its own
+    line would be in the log by now.
+    """
+    found = LOGGED_RETRY.findall(output)
+    if not found:
+        return True
+    logged, seconds = found[-1]
+    # The consumer logs local time, and Django's TIME_ZONE ("UTC") set its local time.
+    at = dt.datetime.strptime(logged, "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=dt.timezone.utc)
+    return time.time() > at.timestamp() + 1.2 * float(seconds) + 0.3
+
+
+def assert_backed_off(output: str, outage: float) -> None:
+    """It saw the outage, said so, and backed off instead of spinning."""
+    retries = [float(seconds) for seconds in RETRY_LINE.findall(output)]
+    assert retries, f"no database error logged:\n{output}"
+    assert retries == sorted(retries), f"the back-off did not grow: {retries}"
+    # Doubling from 0.5 s (with +-20% jitter), an outage of T seconds takes about
+    # log2(T / 0.5) + 2 attempts; a busy loop would log hundreds.
+    assert len(retries) <= 8, f"{len(retries)} retries in a {outage:.1f} s outage:\n{output}"
+    # The heartbeat thread retries at its own interval, no faster.
+    heartbeats = output.count("heartbeat failed")
+    assert heartbeats <= (outage + 5) / FAST["HEARTBEAT_INTERVAL"], output
+
+
+def assert_stopped_cleanly(server: Server, running: Consumer) -> None:
+    code = running.terminate()
+    output = running.output()
+    assert code == 0, output
+    assert "stopped" in output.splitlines()[-1], output
+    stopped = server.query(DBNAME, "SELECT stopped_at FROM django_txqueue_consumer")
+    assert len(stopped) == 1 and stopped[0][0] is not None, stopped
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_busy_consumer_survives_database_restart(fresh, tmp_path, concurrency):
+    server = fresh
+    enqueue(server, "slow", f"[{{'seconds': {SECONDS_EACH}}}] * {ITEMS}")
+    assert counts(server, "slow") == {READY: ITEMS}
+
+    with consumer(server, tmp_path, "slow", "--concurrency", str(concurrency)) as running:
+        wait_for(
+            lambda: counts(server, "slow").get(DONE, 0) >= 10, 30, "the first items DONE", running
+        )
+        done_before = counts(server, "slow").get(DONE, 0)
+        assert done_before < ITEMS, "the queue drained before the outage: nothing was tested"
+
+        went_down = time.monotonic()
+        server.restart(down=DOWN)
+        outage = time.monotonic() - went_down
+        running.assert_alive()
+
+        wait_for(
+            lambda: (
+                counts(server, "slow").get(DONE, 0) == ITEMS or counts(server, "slow").get(FAILED)
+            ),
+            60,
+            f"all {ITEMS} items DONE",
+            running,
+        )
+        running.assert_alive()
+        final = counts(server, "slow")
+        assert final == {DONE: ITEMS}, f"{final}\n{running.output()}"  # none IN_PROGRESS
+        assert_stopped_cleanly(server, running)
+
+    output = running.output()
+    assert_backed_off(output, outage)
+    # Every item ran to completion; the outage may only have cost extra attempts.
+    runs = server.query(DBNAME, "SELECT COUNT(DISTINCT item_id) FROM testapp_run")[0][0]
+    assert runs == ITEMS
+
+
+def test_idle_consumer_survives_database_restart_and_wakes_up_again(fresh, tmp_path):
+    """Idle through the restart, the consumer gets its wake-ups back (LISTEN on PostgreSQL).
+
+    With a long POLL_INTERVAL, an item enqueued after the restart is handled at once only
+    if a wake-up reaches the consumer: its idle wait has grown to seconds by then.
+    """
+    server = fresh
+    settings = {**FAST, "POLL_INTERVAL": 30}
+    with consumer(server, tmp_path, "echo", settings=settings) as running:
+        enqueue(server, "echo", "[{'n': 1}]")
+        wait_for(lambda: counts(server, "echo") == {DONE: 1}, 30, "the first item DONE", running)
+        time.sleep(3)  # idle: the wait between polls grows past 3 s
+
+        went_down = time.monotonic()
+        server.restart(down=DOWN)
+        outage = time.monotonic() - went_down
+        running.assert_alive()
+
+        # Back: heartbeating again, and on PostgreSQL LISTENing on a new connection.
+        wait_for(
+            lambda: server.query(
+                DBNAME,
+                "SELECT COUNT(*) FROM django_txqueue_consumer "
+                "WHERE last_heartbeat_at > started_at",
+            )[0][0],
+            30,
+            "a heartbeat after the restart",
+            running,
+        )
+        if server.vendor == "postgresql":
+            wait_for(
+                lambda: server.query(
+                    "postgres",
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE query LIKE %s",
+                    ("LISTEN %",),
+                )[0][0],
+                30,
+                "the consumer to LISTEN again",
+                running,
+            )
+        # Its loop is out of the back-off pause, idle again, not still sleeping it off.
+        wait_for(lambda: back_off_over(running.output()), 60, "the back-off to end", running)
+        enqueue(server, "echo", "[{'n': 2}]")
+        enqueued = time.monotonic()
+        wait_for(lambda: counts(server, "echo") == {DONE: 2}, 30, "the second item DONE", running)
+        latency = time.monotonic() - enqueued
+        running.assert_alive()
+        assert latency < 1.5, f"woken after {latency:.1f} s: polled, not woken\n{running.output()}"
+        assert_stopped_cleanly(server, running)
+
+    output = running.output()
+    assert_backed_off(output, outage)
+    if server.vendor == "postgresql":
+        assert output.count("lost the LISTEN connection") == 1, output
+        assert output.count("LISTEN failed") <= 2, output
