@@ -46,6 +46,12 @@ def child_env():
 
 
 @pytest.fixture
+def db_child_env():
+    """child_env() for a child started from the test itself."""
+    return child_env()
+
+
+@pytest.fixture
 def spawn_claimers():
     """Start N real OS processes that claim from one queue until it is empty.
 

@@ -247,3 +247,19 @@ class TestCommand:
         Queue("echo").enqueue_many([{}] * 5)
         call_command("run_queue_consumer", "echo", "--burst", "--batch", "2", verbosity=0)
         assert Queue("echo").count(status=Status.DONE) == 5
+
+
+class TestProgress:
+    def test_progress_reports_processed_failed_rate_and_backlog(self):
+        reports = []
+        Queue("slow").enqueue_many([{"seconds": 0.05}] * 6)
+        Queue("boom").enqueue({}, max_attempts=1)
+        worker = worker_for(
+            "slow", "boom", burst=True, on_progress=reports.append, progress_interval=0.1
+        )
+        worker.run()
+        assert reports, "no progress reported"
+        last = reports[-1]
+        assert 1 <= last.processed <= 6 and last.failed <= 1
+        assert last.rate > 0 and last.backlog >= 0
+        assert (worker.processed, worker.failed) == (6, 1)

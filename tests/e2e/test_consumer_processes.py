@@ -314,3 +314,20 @@ def test_sigterm_while_a_dead_child_waits_to_be_restarted(consumers):
     assert exit_code(supervisor, SHUTDOWN_TIMEOUT + 5) == 0, stderr_of(supervisor)
     assert Consumer.objects.exclude(os_pid=supervisor.pid).count() == 2, "nothing restarted"
     assert Consumer.objects.get(pk=children[1].pk).stopped_at is not None
+
+
+def test_a_second_sigterm_stops_at_once_leaving_items_for_rescue(consumers, settings):
+    settings.TXQUEUE = {**settings.TXQUEUE, "CONSUMER_TIMEOUT": FAST["CONSUMER_TIMEOUT"]}
+    Queue("slow").enqueue_many([{"seconds": 30}] * 2)
+    proc = consumers("slow", "--concurrency", "2")
+    wait_for(lambda: Run.objects.count() == 2, START_TIMEOUT, "two running handlers", [proc])
+
+    proc.send_signal(signal.SIGTERM)  # graceful: would wait up to SHUTDOWN_TIMEOUT
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)  # at once
+
+    assert exit_code(proc, 2) == 128 + signal.SIGTERM
+    me = Consumer.objects.get(os_pid=proc.pid)
+    held = QueueItem.objects.filter(pid=me.identity, status=Status.IN_PROGRESS)
+    assert held.count() == 2  # not acknowledged, not released: stuck once it is silent
+    wait_for(lambda: Queue("slow").items.stuck().count() == 2, 10, "the items to become stuck")
