@@ -176,8 +176,15 @@ class ClaimStatement:
 
     def columns(self, *, qualified: bool = True) -> str:
         """Every column of the model, for RETURNING or a read-back."""
-        prefix = f"{self.table}." if qualified else ""
-        return ", ".join(prefix + self.quote(str(f.column)) for f in self.fields)
+        return self._qualified_columns if qualified else self._columns
+
+    @cached_property
+    def _columns(self) -> str:
+        return ", ".join(self.quote(str(f.column)) for f in self.fields)
+
+    @cached_property
+    def _qualified_columns(self) -> str:
+        return ", ".join(f"{self.table}.{self.quote(str(f.column))}" for f in self.fields)
 
     def candidates(self, lock: str = "") -> tuple[str, list[Any]]:
         """``SELECT pk`` of the first ``limit`` ready rows in claim order, plus ``lock``."""
@@ -276,28 +283,41 @@ def ack_batch(
     The other half of DESIGN section 11's budget: one acknowledgement per batch.
     """
     connection = connections[alias]
-    quote = connection.ops.quote_name
-    meta = model._meta
-
-    def column(name: str) -> str:
-        return quote(str(getattr(meta.get_field(name), "column", name)))
-
-    pk = quote(str(meta.pk.column))
+    with_results = any(value is not None for value in results.values())
+    sql = ack_sql(model, connection, len(results), with_results)
     params: list[Any] = [Status.DONE]
-    result_sql = "NULL"
-    if any(value is not None for value in results.values()):
-        field: Any = meta.get_field("result")
-        result_sql = "CASE " + " ".join(f"WHEN {pk} = %s THEN %s" for _ in results) + " END"
+    if with_results:
+        field: Any = model._meta.get_field("result")
         for item_pk, value in results.items():
             params += [item_pk, field.get_db_prep_save(value, connection)]
     params += [*results, Status.IN_PROGRESS, claim_token]
-    sql = (
-        f"UPDATE {quote(meta.db_table)} SET {column('status')} = %s, "
-        f"{column('result')} = {result_sql}, {column('finished_at')} = {now_sql(connection)}, "
-        f"{column('lease_expires_at')} = NULL "
-        f"WHERE {pk} IN ({', '.join(['%s'] * len(results))}) "
-        f"AND {column('status')} = %s AND {column('claim_token')} = %s"
-    )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
+
+
+_ack_sql: dict[tuple[Any, ...], str] = {}
+
+
+def ack_sql(
+    model: type[QueueItem], connection: BaseDatabaseWrapper, size: int, results: bool
+) -> str:
+    """The batch acknowledgement's SQL, built once per model, vendor, size and shape."""
+    key = (model, connection.vendor, size, results)
+    if key not in _ack_sql:
+        quote = connection.ops.quote_name
+        meta = model._meta
+
+        def column(name: str) -> str:
+            return quote(str(getattr(meta.get_field(name), "column", name)))
+
+        pk = quote(str(meta.pk.column))
+        result = "CASE " + f"WHEN {pk} = %s THEN %s " * size + "END" if results else "NULL"
+        _ack_sql[key] = (
+            f"UPDATE {quote(meta.db_table)} SET {column('status')} = %s, "
+            f"{column('result')} = {result}, {column('finished_at')} = {now_sql(connection)}, "
+            f"{column('lease_expires_at')} = NULL "
+            f"WHERE {pk} IN ({', '.join(['%s'] * size)}) "
+            f"AND {column('status')} = %s AND {column('claim_token')} = %s"
+        )
+    return _ack_sql[key]
