@@ -13,8 +13,9 @@ if TYPE_CHECKING:
     from .api import Queue, enqueue, enqueue_many
     from .exceptions import QueueFull
     from .models import Status
+    from .registry import handler
 
-__all__ = ["Queue", "QueueFull", "Status", "enqueue", "enqueue_many"]
+__all__ = ["Queue", "QueueFull", "Status", "enqueue", "enqueue_many", "handler"]
 
 _HOMES = {
     "Queue": "api",
@@ -22,6 +23,7 @@ _HOMES = {
     "enqueue_many": "api",
     "QueueFull": "exceptions",
     "Status": "models",
+    "handler": "registry",
 }
 
 

@@ -278,3 +278,20 @@ class TestMaintenance:
             Queue(name).claim(1)[0].ack()
         assert Queue("a").purge() == 1
         assert Queue("b").count(status=Status.DONE) == 1
+
+
+def test_public_api_is_importable_from_the_package():
+    import django_txqueue
+    from django_txqueue import registry
+
+    assert django_txqueue.handler is registry.handler
+    assert set(django_txqueue.__all__) >= {
+        "Queue",
+        "QueueFull",
+        "Status",
+        "enqueue",
+        "enqueue_many",
+        "handler",
+    }
+    with pytest.raises(AttributeError):
+        django_txqueue.nothing_here  # noqa: B018
