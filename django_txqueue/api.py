@@ -21,7 +21,7 @@ from django.utils import timezone
 from . import conf
 from .claim import ClaimStatement, vendor_sql
 from .exceptions import QueueFull
-from .models import QueueItem, QueueItemQuerySet, Status, check_json, now_plus
+from .models import QueueItem, QueueItemQuerySet, Status, check_json, defer_computed, now_plus
 from .wakeup import wake_local_consumers
 
 MAX_QUEUE_NAME = 100
@@ -156,7 +156,8 @@ class Queue:
         else:
             item = self.insert_unique(item)
         wake_local_consumers(self.name, self.using)
-        return self.loaded(item)
+        defer_computed(item)
+        return item
 
     def enqueue_many(self, payloads: Iterable[Any], **options: Any) -> list[QueueItem]:
         """Add many items with the same options, one INSERT per batch, all or none."""
@@ -168,7 +169,9 @@ class Queue:
         self.check_room(items[0], adding=len(items))
         created = QueueItem.objects.using(self.using).bulk_create(items)
         wake_local_consumers(self.name, self.using)
-        return [self.loaded(item) for item in created]
+        for item in created:
+            defer_computed(item)
+        return created
 
     def build(
         self,
@@ -232,14 +235,6 @@ class Queue:
             "its unfinished twin kept changing"
         )
 
-    @staticmethod
-    def loaded(item: QueueItem) -> QueueItem:
-        """Defer fields the database computed and did not return: loaded on first access."""
-        for field in item._meta.concrete_fields:
-            if hasattr(item.__dict__.get(field.attname), "resolve_expression"):
-                del item.__dict__[field.attname]
-        return item
-
     # -- consuming -----------------------------------------------------------------
 
     def claim(
@@ -269,11 +264,8 @@ class Queue:
         connection = connections[self.using]
         # Row locks for the whole block where the database has them; SQLite has one
         # writer at a time, so its claim holds the database until the block ends.
-        strategy = (
-            "skip_locked"
-            if connection.features.has_select_for_update_skip_locked
-            else ("update_limit")
-        )
+        skip_locked = connection.features.has_select_for_update_skip_locked
+        strategy = "skip_locked" if skip_locked else "update_limit"
         with transaction.atomic(using=self.using):
             claimed = self.claim(1, strategy=strategy)
             item = claimed[0] if claimed else None

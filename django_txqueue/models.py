@@ -80,6 +80,14 @@ def now_plus(wait: timedelta) -> Any:
     return Now() + wait if wait else Now()
 
 
+def defer_computed(instance: models.Model) -> None:
+    """Fields still holding an expression (the database computed their value and did not
+    return it) become deferred: Django loads them on first access."""
+    for field in instance._meta.concrete_fields:
+        if hasattr(instance.__dict__.get(field.attname), "resolve_expression"):
+            del instance.__dict__[field.attname]
+
+
 def check_json(value: Any, what: str) -> None:
     """Raise TypeError naming the type that Django's JSON encoder cannot serialise."""
     try:
@@ -188,9 +196,9 @@ class QueueQuerySet(models.QuerySet[_M]):
         Respects this queryset's filters and ``order_by`` (default: the model's
         ``claim_order``). See DESIGN section 3 for the two strategies.
         """
-        from .claim import claim
+        from .claim import ClaimStatement
 
-        return claim(self, limit, pid=pid, strategy=strategy, lease=lease)
+        return ClaimStatement(self, limit).run(pid=pid, strategy=strategy, lease=lease)
 
     def requeue_stuck(self) -> int:
         """Put stuck items back to READY; returns how many."""
@@ -256,11 +264,8 @@ class QueueModel(models.Model):
         )
         if changed:
             for name, value in changes.items():
-                if hasattr(value, "resolve_expression"):
-                    # Computed by the database: deferred, loaded on first access.
-                    self.__dict__.pop(name, None)
-                else:
-                    setattr(self, name, value)
+                setattr(self, name, value)
+            defer_computed(self)
         return bool(changed)
 
 

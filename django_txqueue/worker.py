@@ -366,9 +366,7 @@ class Worker:
         if elapsed < self.progress_interval:
             return
         try:
-            backlog = sum(
-                Queue(name, using=self.using).approximate_count() for name in self.queues
-            )
+            backlog = sum(queue.approximate_count() for queue in self.queue_objects.values())
         except DatabaseError:
             backlog = -1
         progress = Progress(

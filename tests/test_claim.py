@@ -126,8 +126,8 @@ class TestStrategies:
         expected = {
             "postgresql": 1,
             "sqlite": 1,
-            # SELECT ... SKIP LOCKED, UPDATE, read back | UPDATE ... LIMIT, read back
-            "mysql": 3 if strategy == "skip_locked" else 2,
+            # SELECT ... SKIP LOCKED (whole rows), UPDATE | UPDATE ... LIMIT, read back
+            "mysql": 2,
         }
         assert len(statements) == expected[connection.vendor]
 

@@ -65,16 +65,10 @@ def resolve_strategy(strategy: str, connection: BaseDatabaseWrapper) -> str:
     return strategy
 
 
-def claim(
-    queryset: QueueQuerySet[Any],
-    limit: int,
-    *,
-    pid: str | None,
-    strategy: str,
-    lease: float | timedelta | None,
-) -> list[Any]:
-    """Claim up to ``limit`` ready rows of ``queryset``; see ``QueueQuerySet.claim``."""
-    return ClaimStatement(queryset, limit).run(pid=pid, strategy=strategy, lease=lease)
+def quoted_column(connection: BaseDatabaseWrapper, model: type[Any], name: str) -> str:
+    """A field's column (``"pk"`` for the primary key), quoted for ``connection``."""
+    field = model._meta.pk if name == "pk" else model._meta.get_field(name)
+    return connection.ops.quote_name(str(field.column))
 
 
 def claim_order(queryset: QueueQuerySet[Any]) -> tuple[Any, ...]:
@@ -120,7 +114,7 @@ class ClaimStatement:
         self.model: type[QueueModel] = queryset.model
         self.alias: str = queryset.db
         self.order = tuple(self.queryset.query.order_by)
-        self._candidates: dict[str, tuple[str, list[Any]]] = {}
+        self._candidates: dict[tuple[str, bool], tuple[str, list[Any]]] = {}
         self._converters: dict[int, list[tuple[int, list[Any]]]] = {}
         self._assignments: str | None = None
         self._where_and_order: tuple[str, str, list[Any]] | None = None
@@ -167,8 +161,7 @@ class ClaimStatement:
         return self.column("pk")
 
     def column(self, name: str) -> str:
-        field = self.model._meta.pk if name == "pk" else self.model._meta.get_field(name)
-        return self.quote(str(field.column))  # type: ignore[union-attr]
+        return quoted_column(self.connection, self.model, name)
 
     @cached_property
     def fields(self) -> list[Any]:
@@ -186,13 +179,16 @@ class ClaimStatement:
     def _qualified_columns(self) -> str:
         return ", ".join(f"{self.table}.{self.quote(str(f.column))}" for f in self.fields)
 
-    def candidates(self, lock: str = "") -> tuple[str, list[Any]]:
-        """``SELECT pk`` of the first ``limit`` ready rows in claim order, plus ``lock``."""
-        if lock not in self._candidates:
-            query = self.queryset.values_list("pk", flat=True)[: self.limit].query
+    def candidates(self, lock: str = "", *, whole_rows: bool = False) -> tuple[str, list[Any]]:
+        """``SELECT pk`` (or every column, in ``fields`` order) of the first ``limit``
+        ready rows in claim order, plus ``lock``."""
+        key = (lock, whole_rows)
+        if key not in self._candidates:
+            rows = self.queryset if whole_rows else self.queryset.values_list("pk", flat=True)
+            query = rows[: self.limit].query
             sql, params = query.get_compiler(connection=self.connection).as_sql()
-            self._candidates[lock] = (f"{sql} {lock}".rstrip(), list(params))
-        sql, params = self._candidates[lock]
+            self._candidates[key] = (f"{sql} {lock}".rstrip(), list(params))
+        sql, params = self._candidates[key]
         return sql, list(params)
 
     def where_and_order(self) -> tuple[str, str, list[Any]]:
@@ -243,6 +239,19 @@ class ClaimStatement:
                 for convert in functions:
                     values[index] = convert(values[index], self.fields[index], connection)
             items.append(self.model.from_db(self.alias, names, values))
+        return items
+
+    @staticmethod
+    def mark_claimed(items: list[Any], values: ClaimValues) -> list[Any]:
+        """Give rows read before their claiming UPDATE the values it wrote.
+
+        The times it set by the database clock are left deferred: loaded on first access.
+        """
+        for item in items:
+            item.status, item.pid, item.claim_token = Status.IN_PROGRESS, values.pid, values.token
+            item.attempts += 1
+            item.__dict__.pop("claimed_at", None)
+            item.__dict__.pop("lease_expires_at", None)
         return items
 
     def converters(self, connection: BaseDatabaseWrapper) -> list[tuple[int, list[Any]]]:
@@ -305,16 +314,15 @@ def ack_sql(
     """The batch acknowledgement's SQL, built once per model, vendor, size and shape."""
     key = (model, connection.vendor, size, results)
     if key not in _ack_sql:
-        quote = connection.ops.quote_name
-        meta = model._meta
 
         def column(name: str) -> str:
-            return quote(str(getattr(meta.get_field(name), "column", name)))
+            return quoted_column(connection, model, name)
 
-        pk = quote(str(meta.pk.column))
+        pk = column("pk")
+        table = connection.ops.quote_name(model._meta.db_table)
         result = "CASE " + f"WHEN {pk} = %s THEN %s " * size + "END" if results else "NULL"
         _ack_sql[key] = (
-            f"UPDATE {quote(meta.db_table)} SET {column('status')} = %s, "
+            f"UPDATE {table} SET {column('status')} = %s, "
             f"{column('result')} = {result}, {column('finished_at')} = {now_sql(connection)}, "
             f"{column('lease_expires_at')} = NULL "
             f"WHERE {pk} IN ({', '.join(['%s'] * size)}) "

@@ -23,15 +23,7 @@ TRANSIENT_SQLSTATES = {"40001", "40P01"}
 
 def claim_skip_locked(claim: ClaimStatement, values: ClaimValues) -> list[Any]:
     """Lock the first ready rows nobody else holds and claim them, in one round trip."""
-    candidates, candidate_params = claim.candidates("FOR UPDATE SKIP LOCKED")
-    assignments, assignment_params = claim.assignments(values)
-    sql = (
-        f"WITH picked ({claim.pk}) AS MATERIALIZED ({candidates}) "
-        f"UPDATE {claim.table} SET {assignments} FROM picked "
-        f"WHERE {claim.table}.{claim.pk} = picked.{claim.pk} "
-        f"RETURNING {claim.columns()}"
-    )
-    return claim.fetch(sql, candidate_params + assignment_params)
+    return claim.fetch(*claim_statement(claim, values, "FOR UPDATE SKIP LOCKED"))
 
 
 def claim_update_limit(claim: ClaimStatement, values: ClaimValues) -> list[Any]:
@@ -44,7 +36,19 @@ def claim_update_limit(claim: ClaimStatement, values: ClaimValues) -> list[Any]:
     past it, so a claim that lost every row to a concurrent one is run again while
     ready rows remain.
     """
-    candidates, candidate_params = claim.candidates("FOR UPDATE")
+    sql, params = claim_statement(claim, values, "FOR UPDATE")
+    for _ in range(LOST_RACE_RETRIES):
+        items = claim.fetch(sql, params)
+        if items or not claim.queryset.exists():
+            return items
+    return []
+
+
+def claim_statement(
+    claim: ClaimStatement, values: ClaimValues, lock: str
+) -> tuple[str, list[Any]]:
+    """Lock the candidates with ``lock`` and claim those still READY, returning them."""
+    candidates, candidate_params = claim.candidates(lock)
     assignments, assignment_params = claim.assignments(values)
     sql = (
         f"WITH picked ({claim.pk}) AS MATERIALIZED ({candidates}) "
@@ -53,12 +57,7 @@ def claim_update_limit(claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         f"AND {claim.table}.{claim.column('status')} = %s "
         f"RETURNING {claim.columns()}"
     )
-    params = candidate_params + assignment_params + [Status.READY]
-    for _ in range(LOST_RACE_RETRIES):
-        items = claim.fetch(sql, params)
-        if items or not claim.queryset.exists():
-            return items
-    return []
+    return sql, candidate_params + assignment_params + [Status.READY]
 
 
 def lease_expiry(now: str) -> str:

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 from django.db import connections, router
 
 from .. import conf
 from ..api import Queue
 from ..models import QueueItem
+
+
+def add_queue_arguments(parser: CommandParser, verb: str) -> None:
+    """``QUEUE ...`` and ``--database ALIAS``, as every queue command takes them."""
+    parser.add_argument("queues", nargs="*", metavar="QUEUE", help=f"Queues to {verb}.")
+    parser.add_argument(
+        "--database", metavar="ALIAS", help="Database alias holding the queue tables."
+    )
 
 
 def default_alias(database: str | None) -> str:

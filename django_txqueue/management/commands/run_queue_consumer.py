@@ -10,12 +10,11 @@ from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections, router
 
 from ... import conf, registry
-from ...models import QueueItem
 from ...supervisor import Supervisor, child_argv
 from ...worker import Progress, Worker
+from .. import default_alias
 
 
 def positive_int(value: str) -> int:
@@ -74,9 +73,7 @@ class Command(BaseCommand):
                 "or configure the Django Tasks backend."
             )
             raise CommandError(f"{problem} Known queues: {', '.join(sorted(known)) or 'none'}.")
-        using = options["database"] or conf.get("DATABASE") or router.db_for_write(QueueItem)
-        if using not in connections:
-            raise CommandError(f"Unknown database {using!r}; known: {', '.join(connections)}.")
+        using = default_alias(options["database"])
         self.configure_logging(options["verbosity"])
         if options["processes"] > 1:
             code = Supervisor(child_argv(), options["processes"]).run()

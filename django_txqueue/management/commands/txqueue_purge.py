@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from .. import selected_queues
+from .. import add_queue_arguments, selected_queues
 
 # A century: beyond any real retention, and within every vendor's date arithmetic.
 MAX_DAYS = 36500
@@ -21,16 +21,13 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("queues", nargs="*", metavar="QUEUE", help="Queues to purge.")
+        add_queue_arguments(parser, "purge")
         parser.add_argument(
             "--older-than",
             type=float,
             required=True,
             metavar="DAYS",
             help="Age in days (a fraction is fine, 0 means every finished item).",
-        )
-        parser.add_argument(
-            "--database", metavar="ALIAS", help="Database alias holding the queue tables."
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

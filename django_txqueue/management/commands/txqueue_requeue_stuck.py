@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from ...api import Queue
 from ...models import QueueItem
-from .. import default_alias, selected_queues
+from .. import add_queue_arguments, default_alias, selected_queues
 
 
 class Command(BaseCommand):
@@ -18,10 +18,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("queues", nargs="*", metavar="QUEUE", help="Queues to rescue.")
-        parser.add_argument(
-            "--database", metavar="ALIAS", help="Database alias holding the queue tables."
-        )
+        add_queue_arguments(parser, "rescue")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["queues"]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from .. import selected_queues
+from .. import add_queue_arguments, selected_queues
 
 COLUMNS = (
     ("queue", "queue"),
@@ -27,10 +27,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("queues", nargs="*", metavar="QUEUE", help="Queues to show.")
-        parser.add_argument(
-            "--database", metavar="ALIAS", help="Database alias holding the queue tables."
-        )
+        add_queue_arguments(parser, "show")
         parser.add_argument(
             "--json", action="store_true", help="Print a JSON list of Queue.stats() dicts."
         )
