@@ -1,6 +1,6 @@
 """django-txqueue: a reliable, fast work queue in your Django project's own database.
 
-The public API (DESIGN section 4) is re-exported lazily, so ``import django_txqueue``
+The public API is re-exported lazily, so ``import django_txqueue``
 from settings never loads models before Django is ready.
 """
 
@@ -12,16 +12,29 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .api import Queue, enqueue, enqueue_many
     from .exceptions import QueueFull
-    from .models import Status
+    from .models import Consumer, QueueItem, QueueModel, Status
     from .registry import handler
 
-__all__ = ["Queue", "QueueFull", "Status", "enqueue", "enqueue_many", "handler"]
+__all__ = [
+    "Consumer",
+    "Queue",
+    "QueueFull",
+    "QueueItem",
+    "QueueModel",
+    "Status",
+    "enqueue",
+    "enqueue_many",
+    "handler",
+]
 
 _HOMES = {
     "Queue": "api",
     "enqueue": "api",
     "enqueue_many": "api",
     "QueueFull": "exceptions",
+    "Consumer": "models",
+    "QueueItem": "models",
+    "QueueModel": "models",
     "Status": "models",
     "handler": "registry",
 }

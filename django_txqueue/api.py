@@ -2,7 +2,7 @@
 
 Everything validates its input before the first query, and joins the caller's
 transaction: an enqueued item is invisible to consumers until the caller commits and
-gone if it rolls back. Vendor SQL stays in ``claim/``.
+gone if it rolls back. Rows change only through ``store``; vendor SQL lives in ``db``.
 """
 
 from __future__ import annotations
@@ -12,24 +12,26 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
-from django.db import IntegrityError, connections, router, transaction
+from django.db import router, transaction
 from django.db.models import Count, DurationField, ExpressionWrapper, Min
 from django.db.models.functions import Now
-from django.utils import timezone
 
-from . import conf
-from .claim import ClaimStatement, vendor_sql
+from . import conf, store
+from .db import dialect_for
+from .db.compiler import ClaimStatement
 from .exceptions import QueueFull
-from .models import QueueItem, QueueItemQuerySet, Status, check_json, defer_computed, now_plus
+from .models import QueueItem, QueueItemQuerySet
+from .status import UNFINISHED, Status
+from .validation import (
+    INT_RANGE,
+    check_json,
+    to_timedelta,
+    validate_int,
+    validate_label,
+    validate_queue_name,
+    validate_run_at,
+)
 from .wakeup import wake_local_consumers
-
-MAX_QUEUE_NAME = 100
-MAX_KEY_LENGTH = 255
-INT_RANGE = (-(2**31), 2**31 - 1)
-PURGE_BATCH = 1000
-# Attempts at inserting a dedup_key item whose unfinished twin finishes meanwhile.
-DEDUP_INSERT_ATTEMPTS = 3
 
 
 def enqueue(
@@ -61,48 +63,6 @@ def enqueue_many(
 ) -> list[QueueItem]:
     """Add many items with the same options in one INSERT per batch, all or none."""
     return Queue(queue, using=using).enqueue_many(payloads, **options)
-
-
-def validate_queue_name(name: Any) -> str:
-    if not isinstance(name, str):
-        raise TypeError(f"queue name must be a string, not {type(name).__name__}")
-    if not 1 <= len(name) <= MAX_QUEUE_NAME:
-        raise ValueError(
-            f"queue name must be 1 to {MAX_QUEUE_NAME} characters, got {len(name)}: {name!r}"
-        )
-    return name
-
-
-def validate_label(value: Any, what: str) -> str | None:
-    """``key`` and ``dedup_key``: None, or a string of 1 to 255 characters."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a string, not {type(value).__name__}")
-    if not 1 <= len(value) <= MAX_KEY_LENGTH:
-        raise ValueError(f"{what} must be 1 to {MAX_KEY_LENGTH} characters, got {len(value)}")
-    return value
-
-
-def validate_int(value: Any, what: str, low: int, high: int = INT_RANGE[1]) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be an integer, got {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"{what} must be between {low} and {high}, got {value}")
-    return value
-
-
-def validate_run_at(run_at: Any) -> datetime:
-    if not isinstance(run_at, datetime):
-        raise TypeError(f"run_at must be a datetime, not {type(run_at).__name__}")
-    if settings.USE_TZ and timezone.is_naive(run_at):
-        raise ValueError(
-            f"run_at {run_at!r} is naive while USE_TZ is on; pass an aware datetime "
-            "(e.g. django.utils.timezone.now() + timedelta(...))"
-        )
-    if not settings.USE_TZ and timezone.is_aware(run_at):
-        return timezone.make_naive(run_at)
-    return run_at
 
 
 class Queue:
@@ -152,11 +112,10 @@ class Queue:
         )
         self.check_room(item, adding=1)
         if dedup_key is None:
-            item.save(force_insert=True, using=self.using)
+            item = store.insert(item, self.using)
         else:
-            item = self.insert_unique(item)
+            item = store.insert_unique(item, self.using)
         wake_local_consumers(self.name, self.using)
-        defer_computed(item)
         return item
 
     def enqueue_many(self, payloads: Iterable[Any], **options: Any) -> list[QueueItem]:
@@ -167,10 +126,8 @@ class Queue:
         if not items:
             return []
         self.check_room(items[0], adding=len(items))
-        created = QueueItem.objects.using(self.using).bulk_create(items)
+        created = store.insert_many(items, self.using)
         wake_local_consumers(self.name, self.using)
-        for item in created:
-            defer_computed(item)
         return created
 
     def build(
@@ -203,7 +160,7 @@ class Queue:
             item.run_at = validate_run_at(run_at)
         elif delay is not None:
             # Due by the database clock, like every other time comparison.
-            item.run_at = now_plus(conf.to_timedelta(delay, "delay"))
+            item.run_at = store.now_plus(to_timedelta(delay, "delay"))
         return item
 
     def check_room(self, item: QueueItem, adding: int) -> None:
@@ -211,29 +168,9 @@ class Queue:
         max_size = conf.queue_option(self.name, "MAX_SIZE")
         if max_size is None:
             return
-        current = self.items.filter(status__in=[Status.READY, Status.IN_PROGRESS]).count()
+        current = self.items.filter(status__in=UNFINISHED).count()
         if current + adding > max_size:
             raise QueueFull(item, current)
-
-    def insert_unique(self, item: QueueItem) -> QueueItem:
-        """Insert, or return the unfinished item holding the same dedup_key.
-
-        The unique index on (queue, active_dedup_key) decides races between producers;
-        the savepoint keeps the caller's transaction usable after a conflict.
-        """
-        for _ in range(DEDUP_INSERT_ATTEMPTS):
-            try:
-                with transaction.atomic(using=self.using):
-                    item.save(force_insert=True, using=self.using)
-                return item
-            except IntegrityError:
-                holder = self.items.filter(active_dedup_key=item.dedup_key).first()
-                if holder is not None:
-                    return holder
-        raise IntegrityError(
-            f"could not enqueue dedup_key {item.dedup_key!r} on queue {self.name!r}: "
-            "its unfinished twin kept changing"
-        )
 
     # -- consuming -----------------------------------------------------------------
 
@@ -245,13 +182,14 @@ class Queue:
         strategy: str = "auto",
         lease: float | timedelta | None = None,
     ) -> list[QueueItem]:
-        """Claim up to ``limit`` due items (priority, run_at, id order) and return them."""
-        if lease is None:
-            lease = conf.queue_option(self.name, "LEASE")
+        """Claim up to ``limit`` due items (priority, run_at, id order) and return them.
+
+        ``lease`` defaults to this queue's ``LEASE``.
+        """
         statement = self._claims.get(limit)
         if statement is None:
             statement = self._claims[limit] = ClaimStatement(self.items, limit)
-        return statement.run(pid=pid, strategy=strategy, lease=lease)
+        return store.claim(statement, pid=pid, strategy=strategy, lease=lease)
 
     @contextmanager
     def dequeue(self) -> Iterator[QueueItem | None]:
@@ -261,13 +199,10 @@ class Queue:
         exception rolls it back, and the item is READY for others at once. Yields None
         when nothing is ready.
         """
-        connection = connections[self.using]
-        # Row locks for the whole block where the database has them; SQLite has one
-        # writer at a time, so its claim holds the database until the block ends.
-        skip_locked = connection.features.has_select_for_update_skip_locked
-        strategy = "skip_locked" if skip_locked else "update_limit"
+        # Inside the block's transaction every strategy holds its claim until the block
+        # ends: row locks where the database has them, SQLite's one writer lock elsewhere.
         with transaction.atomic(using=self.using):
-            claimed = self.claim(1, strategy=strategy)
+            claimed = self.claim(1)
             item = claimed[0] if claimed else None
             yield item
             if item is not None:
@@ -286,9 +221,8 @@ class Queue:
 
     def approximate_count(self) -> int:
         """Cheap estimate of READY items from the planner's statistics; not transactional."""
-        connection = connections[self.using]
         ready = self.items.filter(status=Status.READY)
-        return int(vendor_sql(connection).approximate_count(ready))
+        return dialect_for(self.using).approximate_count(ready)
 
     def stats(self) -> dict[str, Any]:
         """Counts per status, stuck items, and how long the oldest due item has waited."""
@@ -321,21 +255,6 @@ class Queue:
     def purge(self, older_than: float | timedelta = timedelta(0)) -> int:
         """Delete DONE and FAILED items finished over ``older_than`` ago, in small batches.
 
-        Each batch is its own short statement, so a purge of millions of rows never
-        holds locks for long. Returns how many were deleted.
+        Returns how many were deleted.
         """
-        cutoff = Now() - conf.to_timedelta(older_than, "older_than")
-        finished = self.items.filter(
-            status__in=[Status.DONE, Status.FAILED], finished_at__lt=cutoff
-        )
-        deleted, after = 0, 0
-        while True:
-            batch = list(
-                finished.filter(pk__gt=after)
-                .order_by("pk")
-                .values_list("pk", flat=True)[:PURGE_BATCH]
-            )
-            if not batch:
-                return deleted
-            deleted += int(finished.filter(pk__in=batch).delete()[0])
-            after = batch[-1]
+        return store.purge(self.items, to_timedelta(older_than, "older_than"))

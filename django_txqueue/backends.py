@@ -14,7 +14,7 @@ imports, ``task_handlers()`` returns ``{}`` and the backend refuses to start.
 from __future__ import annotations
 
 import dataclasses
-import re
+import json
 import traceback
 from collections.abc import Callable, Iterable
 from datetime import datetime
@@ -28,8 +28,9 @@ from django.db import router
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from .api import MAX_QUEUE_NAME, Queue, enqueue
+from .api import Queue, enqueue
 from .models import QueueItem, Status
+from .validation import queue_name_problem
 
 if TYPE_CHECKING:
     from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
@@ -90,18 +91,11 @@ STATUSES = {
     Status.FAILED: "FAILED",
 }
 
-# The header of a traceback as traceback.format_exc() writes it; an exception group's
-# has a "  + " in front and its lines a "  | ".
-TRACEBACK_HEADER = re.compile(
-    r"^(?P<margin>\s*\+ )?(?:Exception Group )?Traceback \(most recent call last\):$"
-)
-EXCEPTION_NAME = re.compile(r"^(?P<name>[A-Za-z_][\w.]*)(?::|$)")
-
 
 class ItemFailed(Exception):
-    """The exception class of a failure recorded without a Python traceback.
+    """The exception class of a failure recorded without one.
 
-    ``get_result`` names it when ``last_error`` holds no traceback: a stuck item failed
+    ``get_result`` names it when the item has no ``error_class``: a stuck item failed
     by a rescue (its consumer died or its lease ran out), or one failed by hand.
     """
 
@@ -109,9 +103,9 @@ class ItemFailed(Exception):
 class TxQueueBackend(BaseTaskBackend):
     """Django Tasks backend storing each enqueued task as one QueueItem.
 
-    ``QUEUES`` lists the queues its tasks may use (default ``["default"]``);
-    ``OPTIONS["DATABASE"]`` picks the database alias (default: the queue's own setting,
-    then the router).
+    ``QUEUES`` lists the queues its tasks may use (default ``["default"]``; ``[]``: any
+    queue name); ``OPTIONS["DATABASE"]`` picks the database alias (default: the queue's
+    own setting, then the router).
     """
 
     # run_after becomes the item's run_at: the task waits for it in the queue.
@@ -192,33 +186,24 @@ class TxQueueBackend(BaseTaskBackend):
                     id="txqueue.E101",
                 )
             )
-        if not self.queues:
-            messages.append(
-                checks.Warning(
-                    f"{where}['QUEUES'] is empty: tasks may use any queue, and "
-                    "run_queue_consumer cannot tell which queues to run.",
-                    hint="List the task queues in QUEUES.",
-                    id="txqueue.W101",
-                )
-            )
         for name in sorted(self.queues, key=str):
-            if not isinstance(name, str) or not 1 <= len(name) <= MAX_QUEUE_NAME:
+            problem = queue_name_problem(name)
+            if problem is not None:
                 messages.append(
                     checks.Error(
-                        f"{where}['QUEUES'] has {name!r}; a queue name is a string of 1 "
-                        f"to {MAX_QUEUE_NAME} characters.",
+                        f"{where}['QUEUES'] has {name!r}: {problem}.",
                         id="txqueue.E102",
                     )
                 )
         return messages
 
 
-def task_handlers() -> dict[str, TaskHandler]:
-    """Queue name to handler for every queue of every configured TxQueueBackend."""
+def our_backends() -> list[TxQueueBackend]:
+    """Every configured TxQueueBackend."""
     configured = getattr(settings, "TASKS", None)
     if TASKS_FRAMEWORK is None or not isinstance(configured, dict):
-        return {}
-    found: dict[str, TaskHandler] = {}
+        return []
+    found = []
     for alias, params in configured.items():
         path = params.get("BACKEND") if isinstance(params, dict) else None
         if not isinstance(path, str):
@@ -228,9 +213,32 @@ def task_handlers() -> dict[str, TaskHandler]:
         except ImportError:
             continue  # not ours; the framework reports it when that backend is used
         if isinstance(backend_class, type) and issubclass(backend_class, TxQueueBackend):
-            for queue in sorted(task_backends[alias].queues):
-                found[queue] = run_task
+            backend = task_backends[alias]
+            assert isinstance(backend, TxQueueBackend)  # noqa: S101 - built from that class
+            found.append(backend)
     return found
+
+
+def task_handlers() -> dict[str, TaskHandler]:
+    """Queue name to handler for every queue listed by a configured TxQueueBackend."""
+    return {queue: run_task for backend in our_backends() for queue in sorted(backend.queues)}
+
+
+def any_task_queue() -> bool:
+    """Whether a configured TxQueueBackend takes any queue name (``QUEUES = []``)."""
+    return any(not backend.queues for backend in our_backends())
+
+
+def find_task_queue(name: str) -> TaskHandler | None:
+    """``run_task`` if queue ``name`` holds tasks of a TxQueueBackend that takes any queue
+    name (``QUEUES = []``), judged by the item a claim would take next; else None."""
+    for backend in our_backends():
+        if backend.queues:
+            continue
+        head = Queue(name, using=backend.database).peek()
+        if head is not None and is_task_payload(head.payload):
+            return run_task
+    return None
 
 
 def run_task(item: QueueItem) -> Any:
@@ -250,7 +258,7 @@ def run_task(item: QueueItem) -> Any:
         else:
             value = task.call(*args, **kwargs)
         value = json_value(value, f"return value of task {task.module_path}")
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit too: the consumer records it as a failure
         finish(result, "FAILED", error=exc)
         task_finished.send(sender, task_result=result)
         raise
@@ -285,7 +293,12 @@ def json_value(value: Any, what: str) -> Any:
     try:
         return normalize_json(value)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{what} is not JSON-serialisable: {exc}") from exc
+        # Python's own wording names the offending type, as users search for it.
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as json_error:
+            raise TypeError(f"{what}: {json_error}") from exc
+        raise TypeError(f"{what} is not JSON serializable: {exc}") from exc
 
 
 def is_task_payload(payload: Any) -> bool:
@@ -363,41 +376,5 @@ def task_errors(item: QueueItem) -> list[TaskError]:
     """The latest attempt's error, kept in ``last_error``, whatever the status now."""
     if not item.last_error and item.status != Status.FAILED:
         return []
-    return [
-        TaskError(
-            exception_class_path=exception_class_path(item.last_error),
-            traceback=item.last_error,
-        )
-    ]
-
-
-def exception_class_path(text: str) -> str:
-    """The dotted path of the exception a ``traceback.format_exc()`` text ends with.
-
-    The exception line is the first unindented line after the last traceback's header
-    (notes and multi-line messages follow it). Builtins are written without a module:
-    they become ``builtins.Name``. Text that is no traceback gives ``ItemFailed``.
-    """
-    lines = text.splitlines()
-    headers = [
-        (index, header)
-        for index, line in enumerate(lines)
-        if (header := TRACEBACK_HEADER.match(line)) is not None
-    ]
-    if headers:
-        index, header = headers[-1]
-        margin = header.group("margin")
-        prefix = margin.replace("+", "|") if margin else ""
-        for line in lines[index + 1 :]:
-            if prefix:
-                if not line.startswith(prefix):
-                    break
-                line = line[len(prefix) :]
-            if line[:1].isspace():
-                continue  # a frame, its source line, or its carets
-            found = EXCEPTION_NAME.match(line)
-            if found:
-                name = found.group("name")
-                return name if "." in name else f"builtins.{name}"
-            break
-    return f"{ItemFailed.__module__}.{ItemFailed.__qualname__}"
+    unknown = f"{ItemFailed.__module__}.{ItemFailed.__qualname__}"
+    return [TaskError(exception_class_path=item.error_class or unknown, traceback=item.last_error)]

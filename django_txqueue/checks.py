@@ -10,6 +10,7 @@ from django.core.checks import CheckMessage, Error, Warning, register
 from django.db import connections
 
 from . import conf
+from .validation import queue_name_problem
 
 
 def _positive_number(value: Any) -> bool:
@@ -45,8 +46,6 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "RESCUE": (lambda v: v in (None, "retry", "fail"), "None, 'retry' or 'fail'"),
     "TIMEOUT": (lambda v: v is None or _positive_number(v), "None or a positive number"),
     "MAX_SIZE": (lambda v: v is None or _positive_int(v), "None or a positive integer"),
-    "FAIR": (_flag, "True or False"),
-    "ORDERED": (_flag, "True or False"),
 }
 
 
@@ -83,10 +82,9 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
 
 def _check_queue(name: Any, options: Any) -> list[CheckMessage]:
     path = f"TXQUEUE['QUEUES'][{name!r}]"
-    if not isinstance(name, str) or not 1 <= len(name) <= 100:
-        return [
-            Error(f"{path}: a queue name is a string of 1 to 100 characters.", id="txqueue.E004")
-        ]
+    problem = queue_name_problem(name)
+    if problem is not None:
+        return [Error(f"{path}: {problem}.", id="txqueue.E004")]
     if not isinstance(options, dict):
         return [Error(f"{path} must be a dict of overrides.", id="txqueue.E004")]
     errors: list[CheckMessage] = []
@@ -102,14 +100,6 @@ def _check_queue(name: Any, options: Any) -> list[CheckMessage]:
             )
             continue
         errors += _check_value(f"{path}[{key!r}]", upper, value)
-        if upper in ("FAIR", "ORDERED") and value is True:
-            errors.append(
-                Warning(
-                    f"{path}[{key!r}] is not implemented in this version; the queue is "
-                    "served in priority, run_at, id order.",
-                    id="txqueue.W001",
-                )
-            )
     return errors
 
 

@@ -49,8 +49,6 @@ QUEUE_KEYS: dict[str, str | None] = {
     "LEASE": "LEASE",
     "MAX_ATTEMPTS": "MAX_ATTEMPTS",
     "MAX_SIZE": None,
-    "FAIR": None,
-    "ORDERED": None,
     "DATABASE": "DATABASE",
     # What a rescue does with a stuck item: "retry" (READY again) or "fail" (FAILED at once,
     # for work that must never run twice).
@@ -98,14 +96,17 @@ def queue_option(queue: str, key: str) -> Any:
     return get(fallback) if fallback else None
 
 
-def to_timedelta(value: float | timedelta, name: str) -> timedelta:
-    """Accept seconds (int or float) or a timedelta, as ``lease`` and ``delay`` do."""
-    if isinstance(value, timedelta):
-        result = value
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        result = timedelta(seconds=value)
-    else:
-        raise TypeError(f"{name} must be seconds (int or float) or a timedelta, not {value!r}")
-    if result < timedelta(0):
-        raise ValueError(f"{name} must not be negative, got {value!r}")
-    return result
+def lease(queue: str | None = None) -> timedelta:
+    """The lease a claim on ``queue`` gets when the caller names none (None: the
+    top-level ``LEASE``, for tables without queues)."""
+    return timedelta(seconds=get("LEASE") if queue is None else queue_option(queue, "LEASE"))
+
+
+def lease_overrides() -> dict[str, timedelta]:
+    """Queues whose ``LEASE`` differs from the top-level one."""
+    default = get("LEASE")
+    return {
+        name: timedelta(seconds=options["LEASE"])
+        for name, options in _merged()["QUEUES"].items()
+        if options.get("LEASE", default) != default
+    }

@@ -1,39 +1,33 @@
-"""Status, the abstract QueueModel, the QueueItem table and the Consumer registry.
+"""The schema: Status, the abstract QueueModel, the QueueItem table and the Consumer registry.
 
-State changes are small fenced UPDATEs: each one names the claim token it expects,
-so a consumer whose claim was taken over changes nothing and learns it from the
-return value (DESIGN section 3). Vendor SQL lives in ``claim/``, not here.
+Querysets read as intent (``ready()``, ``stuck()``); the state-changing methods are
+thin and delegate to ``store``, the one module that writes queue rows.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import socket
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, F, Q, When
 from django.db.models.functions import Now
 
-from . import conf, retry
+from . import conf, store
+from .db import dialect_for
+from .db.compiler import ClaimStatement
+from .status import Status
+from .validation import MAX_QUEUE_NAME
 
 if TYPE_CHECKING:
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
     from django.db.backends.ddl_references import Statement
 
+__all__ = ["Consumer", "QueueItem", "QueueModel", "Status", "StatusIndex"]
+
 _M = TypeVar("_M", bound="QueueModel")
-
-
-class Status(models.IntegerChoices):
-    READY = 1, "ready"
-    IN_PROGRESS = 2, "in progress"
-    DONE = 3, "done"
-    FAILED = 4, "failed"
 
 
 class StatusIndex(models.Index):
@@ -69,64 +63,6 @@ class StatusIndex(models.Index):
         else:
             index = models.Index(fields=["status", *self.fields], name=self.name)
         return index.create_sql(model, schema_editor, using=using, **kwargs)
-
-
-def now_plus(wait: timedelta) -> Any:
-    """The database clock plus ``wait``, as an expression.
-
-    A zero wait is plain ``Now()``: SQLite's arithmetic result has microsecond digits
-    that its millisecond ``Now()`` would compare as later, within the same millisecond.
-    """
-    return Now() + wait if wait else Now()
-
-
-def defer_computed(instance: models.Model) -> None:
-    """Fields still holding an expression (the database computed their value and did not
-    return it) become deferred: Django loads them on first access."""
-    for field in instance._meta.concrete_fields:
-        if hasattr(instance.__dict__.get(field.attname), "resolve_expression"):
-            del instance.__dict__[field.attname]
-
-
-def check_json(value: Any, what: str) -> None:
-    """Raise TypeError naming the type that Django's JSON encoder cannot serialise."""
-    try:
-        json.dumps(value, cls=DjangoJSONEncoder)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{what} is not JSON-serialisable: {exc}") from exc
-
-
-def new_identity() -> str:
-    """A consumer identity, ``host:os-pid:random``, never issued before.
-
-    The random part makes a restarted container (same host name, same pid 1) a new
-    consumer, so its predecessor's items are recognisably orphaned.
-    """
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-
-
-class ConsumerIdentity:
-    """This process's default identity for claims, new after a fork."""
-
-    _value: ClassVar[str | None] = None
-
-    @classmethod
-    def get(cls) -> str:
-        if cls._value is None:
-            cls._value = new_identity()
-        return cls._value
-
-    @classmethod
-    def reset(cls) -> None:
-        cls._value = None
-
-
-os.register_at_fork(after_in_child=ConsumerIdentity.reset)
-
-
-def consumer_identity() -> str:
-    """The default ``pid`` that claims by this process write on items."""
-    return ConsumerIdentity.get()
 
 
 class ConsumerQuerySet(models.QuerySet["Consumer"]):
@@ -194,19 +130,15 @@ class QueueQuerySet(models.QuerySet[_M]):
         """Move up to ``limit`` ready items to IN_PROGRESS under a new claim and return them.
 
         Respects this queryset's filters and ``order_by`` (default: the model's
-        ``claim_order``). See DESIGN section 3 for the two strategies.
+        ``claim_order``). ``lease`` defaults to each item's queue's ``LEASE``.
+        ``skip_locked`` skips rows other transactions hold; ``update_limit`` may wait
+        for them; ``auto`` takes the best this database has.
         """
-        from .claim import ClaimStatement
-
-        return ClaimStatement(self, limit).run(pid=pid, strategy=strategy, lease=lease)
+        return store.claim(ClaimStatement(self, limit), pid=pid, strategy=strategy, lease=lease)
 
     def requeue_stuck(self) -> int:
         """Put stuck items back to READY; returns how many."""
-        return self.stuck().update(**UNCLAIMED, status=Status.READY)
-
-
-# Clears a claim, so that its holder's fenced acknowledgements change nothing.
-UNCLAIMED: dict[str, Any] = {"pid": "", "claim_token": None, "lease_expires_at": None}
+        return store.rescue(self.stuck())
 
 
 class QueueModel(models.Model):
@@ -242,31 +174,15 @@ class QueueModel(models.Model):
 
     def ack(self) -> bool:
         """Mark the item DONE if this claim still holds it."""
-        return self._settle(status=Status.DONE, lease_expires_at=None)
+        return store.ack(self)
 
     def release(self) -> bool:
         """Put the item back READY without counting the attempt."""
-        return self._settle(status=Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
+        return store.release(self)
 
     def fail(self, error: str | None = None) -> bool:
         """Mark the item FAILED. QueueModel has no column for ``error``; QueueItem keeps it."""
-        return self._settle(status=Status.FAILED, lease_expires_at=None)
-
-    def _settle(self, **changes: Any) -> bool:
-        """Apply ``changes`` only if the row is still IN_PROGRESS under this claim."""
-        if self.claim_token is None or self.status != Status.IN_PROGRESS:
-            return False
-        changed = (
-            type(self)
-            ._base_manager.using(self._state.db)
-            .filter(pk=self.pk, status=Status.IN_PROGRESS, claim_token=self.claim_token)
-            .update(**changes)
-        )
-        if changed:
-            for name, value in changes.items():
-                setattr(self, name, value)
-            defer_computed(self)
-        return bool(changed)
+        return store.fail(self, error)
 
 
 class QueueItemQuerySet(QueueQuerySet["QueueItem"]):
@@ -274,44 +190,16 @@ class QueueItemQuerySet(QueueQuerySet["QueueItem"]):
         """READY items whose ``run_at`` has come (database clock)."""
         return self.filter(status=Status.READY, run_at__lte=Now())
 
+    def ready_queue_names(self) -> list[str]:
+        """The names of the queues that have READY items, read from the index."""
+        return dialect_for(self.db).ready_queue_names(self.filter(status=Status.READY))
+
     def requeue_stuck(self, *, fail: bool = False) -> int:
         """Stuck items go back to READY, or FAILED when their attempts are spent.
 
         ``fail=True`` fails them all at once, for work that must never run twice.
         """
-        failing = Q(pk__isnull=False) if fail else Q(attempts__gte=F("max_attempts"))
-        reason = "stuck: lease expired or consumer died" + ("" if fail else ", attempts spent")
-        return self.stuck().update(
-            **UNCLAIMED,
-            status=Case(When(failing, then=Value(Status.FAILED)), default=Value(Status.READY)),
-            finished_at=Case(
-                When(failing, then=Now()), default=None, output_field=models.DateTimeField()
-            ),
-            last_error=Case(
-                When(failing, then=Value(reason)),
-                default=F("last_error"),
-                output_field=models.TextField(),
-            ),
-        )
-
-    def ack_many(self, results: dict[int, Any], claim_token: int) -> int:
-        """Mark DONE, in one statement, the items of one claim: ``{pk: result}``.
-
-        Fenced like ``ack``: only rows still IN_PROGRESS under ``claim_token`` change.
-        Returns how many did.
-        """
-        from .claim import ack_batch
-
-        return ack_batch(self.model, self.db, claim_token, results) if results else 0
-
-    def renew_leases(self, tokens: dict[int, int], lease: timedelta) -> int:
-        """Push the leases of in-flight items ``{pk: claim_token}`` to now + ``lease``."""
-        if not tokens:
-            return 0
-        held = Q()
-        for pk, token in tokens.items():
-            held |= Q(pk=pk, claim_token=token)
-        return self.filter(held, status=Status.IN_PROGRESS).update(lease_expires_at=Now() + lease)
+        return store.rescue(self.stuck(), fail=fail)
 
 
 class QueueItem(QueueModel):
@@ -320,7 +208,7 @@ class QueueItem(QueueModel):
     claim_order: ClassVar[tuple[str, ...]] = ("priority", "run_at", "pk")
 
     id = models.BigAutoField(primary_key=True)
-    queue = models.CharField(max_length=100)
+    queue = models.CharField(max_length=MAX_QUEUE_NAME)
     payload = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
     priority = models.IntegerField(default=0, help_text="Lower runs first.")
     run_at = models.DateTimeField(db_default=Now(), help_text="Not before.")
@@ -339,6 +227,9 @@ class QueueItem(QueueModel):
     )
     max_attempts = models.PositiveIntegerField(default=5)
     last_error = models.TextField(blank=True, default="")
+    # The dotted path of the exception class behind last_error ("" when there was none:
+    # a failure by hand, or by a rescue).
+    error_class = models.CharField(max_length=255, blank=True, default="")
     result = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -368,29 +259,15 @@ class QueueItem(QueueModel):
 
     def ack(self, result: Any = None) -> bool:
         """Mark the item DONE with ``result`` (JSON) if this claim still holds it."""
-        check_json(result, "result")
-        return self._settle(
-            status=Status.DONE, result=result, finished_at=Now(), lease_expires_at=None
-        )
+        return store.ack(self, result)
 
     def fail(self, error: str | None = None) -> bool:
         """Mark the item FAILED, keeping ``error``, if this claim still holds it."""
-        return self._settle(
-            status=Status.FAILED, last_error=error or "", finished_at=Now(), lease_expires_at=None
-        )
+        return store.fail(self, error)
 
     def retry(self, error: str | None = None, delay: float | timedelta | None = None) -> bool:
         """Put the item back READY after ``delay`` (default: back-off with jitter).
 
         Once ``max_attempts`` claims have been spent it ends FAILED with ``error`` instead.
         """
-        if self.attempts >= self.max_attempts:
-            return self.fail(error)
-        wait = (
-            conf.to_timedelta(delay, "delay")
-            if delay is not None
-            else retry.backoff(self.attempts, conf.get("RETRY_DELAY"), conf.get("RETRY_MAX_DELAY"))
-        )
-        return self._settle(
-            **UNCLAIMED, status=Status.READY, run_at=now_plus(wait), last_error=error or ""
-        )
+        return store.retry(self, error, delay)

@@ -1,7 +1,8 @@
 """Handlers: ``@handler("queue")`` registers the function that processes a queue.
 
 Handlers live in ``queues.py`` modules of installed apps, imported by ``autodiscover()``
-when a consumer starts, as the admin imports ``admin.py``. No database here.
+when a consumer starts, as the admin imports ``admin.py``. The Django Tasks queues come
+from the Tasks backend.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any, TypeVar
 
 from django.utils.module_loading import autodiscover_modules
 
-from .api import validate_queue_name
+from .backends import find_task_queue, task_handlers
+from .validation import validate_queue_name
 
 Handler = Callable[[Any], Any]
 H = TypeVar("H", bound=Handler)
@@ -48,9 +50,12 @@ def autodiscover() -> None:
 
 def handlers() -> dict[str, Handler]:
     """Queue name to handler: registered handlers plus the Django Tasks queues."""
-    from .backends import task_handlers
-
     return {**task_handlers(), **_handlers}
+
+
+def find_handler(queue: str) -> Handler | None:
+    """A handler for a queue nobody named: Django Tasks whose backend takes any queue name."""
+    return find_task_queue(queue)
 
 
 def unregister(queue: str) -> None:

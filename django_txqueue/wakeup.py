@@ -1,6 +1,6 @@
 """Wake-ups: how an idle consumer learns of new work before its next poll.
 
-- PostgreSQL: LISTEN/NOTIFY (the trigger in ``claim/postgresql.py`` notifies at commit).
+- PostgreSQL: LISTEN/NOTIFY (a trigger on the items table notifies at commit).
 - Elsewhere: each consumer binds a UDP socket on the loopback and registers its address
   in its ``Consumer`` row; a producer on the same host sends the queue name there after
   commit. A datagram carries no data a consumer trusts: any one, stray or not, can only
@@ -20,10 +20,11 @@ import socket
 import time
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 
 from . import conf
-from .claim import vendor_sql
+from .db import Listener, dialect_for
+from .models import Consumer
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +40,10 @@ class Waiter:
         self.queues = set(queues)
         self._stop_read, self._stop_write = os.pipe()
         os.set_blocking(self._stop_write, False)
-        self.listener: Any = None
+        self.listener: Listener | None = None
         self.socket: socket.socket | None = None
-        vendor = vendor_sql(connections[alias])
-        if getattr(vendor, "HAS_NOTIFY", False):
-            self._listener_class = vendor.Listener
+        self.dialect = dialect_for(alias)
+        if self.dialect.has_notify:
             self._listen()
         elif conf.get("LOCAL_WAKEUP"):
             self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -60,14 +60,14 @@ class Waiter:
 
     def _listen(self) -> None:
         try:
-            self.listener = self._listener_class(self.alias)
+            self.listener = self.dialect.listen(self.alias)
         except Exception as exc:  # the database is down: poll until it is back
             logger.warning("LISTEN failed, polling instead: %s", exc)
             self.listener = None
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; True if woken for one of our queues."""
-        if self.listener is None and hasattr(self, "_listener_class"):
+        if self.listener is None and self.dialect.has_notify:
             self._listen()
         sources: list[Any] = [self._stop_read]
         if self.listener is not None:
@@ -130,9 +130,7 @@ _sender: socket.socket | None = None
 
 def wake_local_consumers(queue: str, using: str) -> None:
     """After the caller's commit, send ``queue`` to idle consumers on this host."""
-    if not conf.get("LOCAL_WAKEUP") or getattr(
-        vendor_sql(connections[using]), "HAS_NOTIFY", False
-    ):
+    if not conf.get("LOCAL_WAKEUP") or dialect_for(using).has_notify:
         return
     transaction.on_commit(lambda: _send(queue, using), using=using)
 
@@ -157,8 +155,6 @@ def _send(queue: str, using: str) -> None:
 
 def _local_consumers(using: str) -> list[tuple[str, list[str]]]:
     """Live consumers on this host with a wake-up address, cached for a second."""
-    from .models import Consumer
-
     fetched_at, rows = _addresses.get(using, (0.0, []))
     if time.monotonic() - fetched_at > ADDRESS_CACHE_SECONDS:
         rows = list(

@@ -264,7 +264,7 @@ class TestInspect:
 
 class TestMaintenance:
     def test_purge_deletes_only_old_finished_items_in_batches(self, queue, monkeypatch):
-        monkeypatch.setattr("django_txqueue.api.PURGE_BATCH", 3)
+        monkeypatch.setattr("django_txqueue.store.PURGE_BATCH", 3)
         queue.enqueue_many([{}] * 10)
         for item in queue.claim(7):
             item.ack() if item.pk % 2 else item.fail("x")
@@ -295,3 +295,19 @@ def test_public_api_is_importable_from_the_package():
     }
     with pytest.raises(AttributeError):
         django_txqueue.nothing_here  # noqa: B018
+
+
+def test_every_public_name_imports_from_the_package():
+    """Each name of the public API, ``QueueItem`` included, by ``from django_txqueue import``."""
+    import django_txqueue
+    from django_txqueue import QueueFull as Full
+    from django_txqueue import QueueItem as Item
+    from django_txqueue import Status as State
+    from django_txqueue import exceptions, models
+
+    assert Item is models.QueueItem
+    assert State is models.Status
+    assert Full is exceptions.QueueFull
+    assert {"QueueItem", "QueueModel", "Consumer"} <= set(django_txqueue.__all__)
+    for name in django_txqueue.__all__:
+        assert getattr(django_txqueue, name) is not None

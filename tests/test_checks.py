@@ -51,10 +51,9 @@ def test_not_a_dict(settings):
     assert messages(settings, ["LEASE"])[0][0] == "txqueue.E001"
 
 
-def test_unimplemented_fairness_is_a_warning(settings):
-    assert [m[0] for m in messages(settings, {"QUEUES": {"t": {"FAIR": True}}})] == [
-        "txqueue.W001"
-    ]
+def test_fair_and_ordered_are_unknown_until_implemented(settings):
+    found = messages(settings, {"QUEUES": {"t": {"FAIR": True, "ordered": True}}})
+    assert [m[0] for m in found] == ["txqueue.E005", "txqueue.E005"]
 
 
 def test_per_queue_overrides_accept_lower_case(settings):

@@ -7,8 +7,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_txqueue import Queue, Status
-from django_txqueue.claim import resolve_strategy
-from django_txqueue.models import Consumer, QueueItem, consumer_identity
+from django_txqueue.db import dialect
+from django_txqueue.models import Consumer, QueueItem
+from django_txqueue.store import consumer_identity
 from tests.testapp.models import Thing
 
 
@@ -100,15 +101,32 @@ class TestClaimedState:
         stored = QueueItem.objects.get(pk=item.pk)
         assert stored.lease_expires_at - stored.claimed_at <= dt.timedelta(seconds=1.5)
 
+    def test_a_queryset_claim_gives_each_item_its_queues_lease(self, db, strategy):
+        """The queue's LEASE wherever the claim starts: "short" has 1 s, others 300 s."""
+        Queue("short").enqueue({})
+        Queue("other").enqueue({})
+        claimed = QueueItem.objects.filter(queue__in=["short", "other"]).claim(
+            2, strategy=strategy
+        )
+        assert len(claimed) == 2
+        leases = {
+            item.queue: item.lease_expires_at - item.claimed_at
+            for item in QueueItem.objects.filter(pk__in=[i.pk for i in claimed])
+        }
+        assert dt.timedelta(seconds=0.5) <= leases["short"] <= dt.timedelta(seconds=1.5)
+        assert dt.timedelta(seconds=299) <= leases["other"] <= dt.timedelta(seconds=301)
+        [again] = QueueItem.objects.filter(queue="short").claim(strategy=strategy) or [None]
+        assert again is None  # both claimed above
+
 
 class TestStrategies:
     def test_auto_picks_skip_locked_where_the_database_has_it(self, db):
         expected = "skip_locked" if "skip_locked" in _supported() else "update_limit"
-        assert resolve_strategy("auto", connection) == expected
+        assert dialect(connection).resolve_strategy("auto", connection) == expected
 
     def test_claim_strategy_setting_steers_auto(self, db, settings):
         settings.TXQUEUE = {"CLAIM_STRATEGY": "update_limit"}
-        assert resolve_strategy("auto", connection) == "update_limit"
+        assert dialect(connection).resolve_strategy("auto", connection) == "update_limit"
 
     @pytest.mark.skipif("connection.features.has_select_for_update_skip_locked")
     def test_skip_locked_without_database_support_says_so(self, queue):

@@ -112,7 +112,7 @@ class TestFailures:
         worker.run()
         stored = QueueItem.objects.get(pk=item.pk)
         assert (stored.status, stored.attempts) == (Status.FAILED, 1)
-        assert "JSON-serialisable" in stored.last_error
+        assert "Object of type set is not JSON serializable" in stored.last_error
 
     def test_signals_report_claims_successes_and_failures(self):
         seen = []

@@ -12,6 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf, registry
+from ...backends import any_task_queue
 from ...supervisor import Supervisor, child_argv
 from ...worker import Progress, Worker
 from .. import default_alias
@@ -65,7 +66,9 @@ class Command(BaseCommand):
         known = registry.handlers()
         names: list[str] = options["queues"] or sorted(known)
         unknown = [name for name in names if name not in known]
-        if unknown or not names:
+        # With no names, Tasks of a backend that takes any queue name are found as they come.
+        discover = None if options["queues"] else registry.find_handler
+        if unknown or not (names or any_task_queue()):
             problem = (
                 f"No handler for queue {', '.join(map(repr, unknown))}."
                 if unknown
@@ -87,6 +90,7 @@ class Command(BaseCommand):
                 lease=options["lease"],
                 burst=options["burst"],
                 shutdown_timeout=options["shutdown_timeout"],
+                discover=discover,
                 on_progress=self.show_progress if options["verbosity"] >= 1 else None,
             )
             self.install_signal_handlers(worker)
@@ -95,15 +99,17 @@ class Command(BaseCommand):
             sys.exit(code)
 
     def install_signal_handlers(self, worker: Worker) -> None:
-        """First SIGTERM/SIGINT: stop gracefully. Second: stop at once, items left for rescue."""
+        """First SIGTERM, SIGINT or SIGHUP: stop gracefully. Second: stop at once, items
+        left for rescue. SIGHUP stays ignored where it was (nohup)."""
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             if worker.stopping.is_set():
                 os._exit(128 + signum)
             worker.stop()
 
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, on_signal)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, on_signal)
 
     def show_progress(self, progress: Progress) -> None:
         line = (

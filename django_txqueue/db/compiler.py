@@ -1,68 +1,31 @@
-"""Claiming: picks the strategy for the connected database and runs the vendor's SQL.
+"""Turns a queryset into claim and acknowledgement SQL once, and loads claimed rows.
 
-This package is the only place that differs by database vendor. ``__init__`` decides
-("auto" becomes a concrete strategy from the connection's features) and builds the
-pieces every vendor needs from the queryset (the candidate SELECT, the SET clause,
-the column list), so each vendor module only assembles its own statement(s):
-
-- ``postgresql``: one ``WITH ... FOR UPDATE SKIP LOCKED ... UPDATE ... RETURNING``.
-- ``mysql``: ``SELECT ... FOR UPDATE SKIP LOCKED`` then ``UPDATE``, or the native
-  ``UPDATE ... ORDER BY ... LIMIT`` read back by the claim's own token.
-- ``sqlite``: one ``UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING``.
+Django compiles the claim's candidate SELECT (filters, order, limit) from the queryset;
+the vendor's ``Dialect`` wraps it into its claim statement. Both are cached per claim
+shape, so a consumer's claim costs one statement and no ORM work per call.
 """
 
 from __future__ import annotations
 
-import importlib
 import operator
-import random
-import secrets
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from django.db import NotSupportedError, OperationalError, connections
+from django.db import NotSupportedError, connections
 from django.db.models.functions import Now
 from django.db.models.sql.subqueries import UpdateQuery
 
 from .. import conf
-from ..models import Consumer, Status, consumer_identity
+from ..status import Status
+from . import dialect
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models import Model, QuerySet
 
-    from ..models import QueueItem, QueueModel, QueueQuerySet
-
-# A deadlock or lock-wait timeout (MySQL), or a busy SQLite file past its timeout, is
-# retried this many times with a short jittered pause before it reaches the caller.
-TRANSIENT_RETRIES = 5
-
-
-def vendor_sql(connection: BaseDatabaseWrapper) -> ModuleType:
-    """The module holding this connection's vendor SQL."""
-    return importlib.import_module(f"{__name__}.{connection.vendor}")
-
-
-def resolve_strategy(strategy: str, connection: BaseDatabaseWrapper) -> str:
-    """Turn "auto" into the best strategy this connection supports; check the others."""
-    if strategy not in conf.STRATEGIES:
-        raise ValueError(
-            f"unknown claim strategy {strategy!r}; choose one of {', '.join(conf.STRATEGIES)}"
-        )
-    if strategy == "auto":
-        strategy = conf.get("CLAIM_STRATEGY")
-    skip_locked = connection.features.has_select_for_update_skip_locked
-    if strategy == "auto":
-        return "skip_locked" if skip_locked else "update_limit"
-    if strategy == "skip_locked" and not skip_locked:
-        raise NotSupportedError(
-            f"claim strategy 'skip_locked' needs SELECT ... FOR UPDATE SKIP LOCKED, which "
-            f"{connection.display_name} does not have; use 'update_limit' or 'auto'"
-        )
-    return strategy
+    from .base import Dialect
 
 
 def quoted_column(connection: BaseDatabaseWrapper, model: type[Any], name: str) -> str:
@@ -71,7 +34,7 @@ def quoted_column(connection: BaseDatabaseWrapper, model: type[Any], name: str) 
     return connection.ops.quote_name(str(field.column))
 
 
-def claim_order(queryset: QueueQuerySet[Any]) -> tuple[Any, ...]:
+def claim_order(queryset: QuerySet[Any]) -> tuple[Any, ...]:
     """The queryset's explicit ``order_by``, else Meta.ordering, else ``claim_order``."""
     if queryset.query.order_by:
         return tuple(queryset.query.order_by)
@@ -90,28 +53,30 @@ def sort_items(items: list[Any], order: tuple[Any, ...]) -> list[Any]:
 
 @dataclass(frozen=True)
 class ClaimValues:
-    """What differs between two claims of the same shape."""
+    """What differs between two claims of the same shape.
+
+    ``lease`` None means each item's queue's own ``LEASE``.
+    """
 
     pid: str
     token: int
-    lease: timedelta
+    lease: timedelta | None
 
 
 class ClaimStatement:
     """One claim shape (a queryset and a limit), compiled by Django once and reused.
 
-    ``Queue`` keeps these, so a consumer's claim costs one statement and no ORM work:
-    each call only assembles the vendor's SQL around cached pieces and binds the
-    claim's own values (pid, token, lease). Holds no connection: connections are per
-    thread, the SQL text is not.
+    Each claim only assembles the vendor's SQL around cached pieces and binds its own
+    values (pid, token, lease). Holds no connection: connections are per thread, the
+    SQL text is not.
     """
 
-    def __init__(self, queryset: QueueQuerySet[Any], limit: int) -> None:
+    def __init__(self, queryset: QuerySet[Any], limit: int) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be a positive integer, got {limit!r}")
-        self.queryset = queryset.ready().order_by(*claim_order(queryset))
+        self.queryset = queryset.ready().order_by(*claim_order(queryset))  # type: ignore[attr-defined]
         self.limit = limit
-        self.model: type[QueueModel] = queryset.model
+        self.model: type[Model] = queryset.model
         self.alias: str = queryset.db
         self.order = tuple(self.queryset.query.order_by)
         self._candidates: dict[tuple[str, bool], tuple[str, list[Any]]] = {}
@@ -123,31 +88,9 @@ class ClaimStatement:
     def connection(self) -> BaseDatabaseWrapper:
         return connections[self.alias]
 
-    def run(self, *, pid: str | None, strategy: str, lease: float | timedelta | None) -> list[Any]:
-        """Claim now: validate, pick the strategy, retry transient lock errors."""
-        if pid is not None and (not isinstance(pid, str) or not 1 <= len(pid) <= 255):
-            raise ValueError(f"pid must be a string of 1 to 255 characters, got {pid!r}")
-        duration = conf.to_timedelta(conf.get("LEASE") if lease is None else lease, "lease")
-        connection = self.connection
-        vendor = vendor_sql(connection)
-        run = getattr(vendor, f"claim_{resolve_strategy(strategy, connection)}")
-        values = ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration)
-        owns_transaction = not connection.in_atomic_block
-        for attempt in range(TRANSIENT_RETRIES + 1):
-            try:
-                items: list[QueueModel] = run(self, values)
-                break
-            except OperationalError as exc:
-                # Inside the caller's transaction the failed statement may have rolled the
-                # whole transaction back: only the caller can retry that.
-                if (
-                    not owns_transaction
-                    or attempt == TRANSIENT_RETRIES
-                    or not vendor.is_transient(exc)
-                ):
-                    raise
-                time.sleep(random.uniform(0.005, 0.02) * 2**attempt)
-        return sort_items(items, self.order)
+    @property
+    def dialect(self) -> Dialect:
+        return dialect(self.connection)
 
     def quote(self, name: str) -> str:
         return self.connection.ops.quote_name(name)
@@ -211,18 +154,36 @@ class ClaimStatement:
 
     def assignments(self, values: ClaimValues) -> tuple[str, list[Any]]:
         """The SET clause: IN_PROGRESS under this claim, attempt counted, lease from now."""
-        vendor = vendor_sql(self.connection)
         if self._assignments is None:
-            now = now_sql(self.connection)
             attempts = self.column("attempts")
             self._assignments = (
                 f"{self.column('status')} = %s, {self.column('pid')} = %s, "
                 f"{self.column('claim_token')} = %s, {attempts} = {attempts} + 1, "
-                f"{self.column('claimed_at')} = {now}, "
-                f"{self.column('lease_expires_at')} = {vendor.lease_expiry(now)}"
+                f"{self.column('claimed_at')} = {now_sql(self.connection)}, "
+                f"{self.column('lease_expires_at')} = "
             )
-        params = [Status.IN_PROGRESS, values.pid, values.token, vendor.lease_param(values.lease)]
-        return self._assignments, params
+        lease, lease_params = self.lease_expiry(values.lease)
+        params = [Status.IN_PROGRESS, values.pid, values.token]
+        return self._assignments + lease, params + lease_params
+
+    def lease_expiry(self, lease: timedelta | None) -> tuple[str, list[Any]]:
+        """The new ``lease_expires_at``: now plus ``lease``, or plus each row's queue's
+        ``LEASE`` (a CASE over the queues that override it) when ``lease`` is None."""
+        dialect = self.dialect
+        expiry = dialect.lease_expiry(now_sql(self.connection))
+        overrides = conf.lease_overrides() if lease is None and self.has_queues else {}
+        default = dialect.lease_param(conf.lease() if lease is None else lease)
+        if not overrides:
+            return expiry, [default]
+        params: list[Any] = []
+        for name, queue_lease in overrides.items():
+            params += [name, dialect.lease_param(queue_lease)]
+        cases = f"WHEN {self.column('queue')} = %s THEN {expiry} " * len(overrides)
+        return f"CASE {cases}ELSE {expiry} END", [*params, default]
+
+    @cached_property
+    def has_queues(self) -> bool:
+        return any(field.name == "queue" for field in self.fields)
 
     def fetch(self, sql: str, params: list[Any]) -> list[Any]:
         """Run a statement that returns whole rows (``columns()``) and load them."""
@@ -276,56 +237,27 @@ _now_sql: dict[str, str] = {}
 def now_sql(connection: BaseDatabaseWrapper) -> str:
     """The database clock as SQL, as Django's ``Now()`` writes it for this vendor."""
     if connection.vendor not in _now_sql:
-        compiler = UpdateQuery(Consumer).get_compiler(connection=connection)
+        compiler = UpdateQuery(None).get_compiler(connection=connection)
         sql, params = compiler.compile(Now())
         assert not params  # noqa: S101 - Now() takes none
         _now_sql[connection.vendor] = sql
     return _now_sql[connection.vendor]
 
 
-def ack_batch(
-    model: type[QueueItem], alias: str, claim_token: int, results: dict[int, Any]
-) -> int:
-    """Mark DONE, in one fenced UPDATE, items of one claim: ``{pk: result}``.
-
-    Only rows still IN_PROGRESS under ``claim_token`` change; returns how many did.
-    The other half of DESIGN section 11's budget: one acknowledgement per batch.
-    """
-    connection = connections[alias]
-    with_results = any(value is not None for value in results.values())
-    sql = ack_sql(model, connection, len(results), with_results)
-    params: list[Any] = [Status.DONE]
-    if with_results:
-        field: Any = model._meta.get_field("result")
-        for item_pk, value in results.items():
-            params += [item_pk, field.get_db_prep_save(value, connection)]
-    params += [*results, Status.IN_PROGRESS, claim_token]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return int(cursor.rowcount)
-
-
 _ack_sql: dict[tuple[Any, ...], str] = {}
 
 
-def ack_sql(
-    model: type[QueueItem], connection: BaseDatabaseWrapper, size: int, results: bool
-) -> str:
-    """The batch acknowledgement's SQL, built once per model, vendor, size and shape."""
+def ack_sql(model: type[Model], connection: BaseDatabaseWrapper, size: int, results: bool) -> str:
+    """The fenced batch acknowledgement (``Dialect.ack_sql``), built once per model,
+    vendor, size and shape."""
     key = (model, connection.vendor, size, results)
     if key not in _ack_sql:
-
-        def column(name: str) -> str:
-            return quoted_column(connection, model, name)
-
-        pk = column("pk")
+        names = ["pk", "status", "lease_expires_at", "claim_token"]
+        if any(field.name == "result" for field in model._meta.concrete_fields):
+            names += ["result", "finished_at"]
+        columns = {name: quoted_column(connection, model, name) for name in names}
         table = connection.ops.quote_name(model._meta.db_table)
-        result = "CASE " + f"WHEN {pk} = %s THEN %s " * size + "END" if results else "NULL"
-        _ack_sql[key] = (
-            f"UPDATE {table} SET {column('status')} = %s, "
-            f"{column('result')} = {result}, {column('finished_at')} = {now_sql(connection)}, "
-            f"{column('lease_expires_at')} = NULL "
-            f"WHERE {pk} IN ({', '.join(['%s'] * size)}) "
-            f"AND {column('status')} = %s AND {column('claim_token')} = %s"
+        _ack_sql[key] = dialect(connection).ack_sql(
+            table, columns, now_sql(connection), size, results
         )
     return _ack_sql[key]

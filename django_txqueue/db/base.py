@@ -1,0 +1,123 @@
+"""The contract between the queue and a database vendor: one ``Dialect`` per vendor.
+
+A dialect holds what differs between databases, as named facts (like Django's
+``DatabaseFeatures``) and as the SQL that only that vendor writes: the two claim
+strategies, lease arithmetic, which errors are worth retrying, a cheap row estimate,
+and how an idle consumer hears of new work. Dialects hold no connection (connections
+are per thread); every method is given the one to use.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from django.db import DatabaseError, NotSupportedError
+
+from .. import conf
+from ..conf import STRATEGIES
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models import QuerySet
+
+    from .compiler import ClaimStatement, ClaimValues
+
+
+class Listener(Protocol):
+    """A connection that becomes readable when the database announces new work."""
+
+    def fileno(self) -> int: ...
+
+    def drain(self) -> set[str]:
+        """The queue names announced since the last call; raises if the connection broke."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Dialect:
+    vendor: ClassVar[str]
+    # Producers wake consumers through the database itself (PostgreSQL's NOTIFY), so the
+    # loopback datagrams of ``wakeup`` are not needed.
+    has_notify: ClassVar[bool] = False
+
+    def supports_skip_locked(self, connection: BaseDatabaseWrapper) -> bool:
+        """``SELECT ... FOR UPDATE SKIP LOCKED``: PostgreSQL, MySQL 8+, MariaDB 10.6+."""
+        return bool(connection.features.has_select_for_update_skip_locked)
+
+    def resolve_strategy(self, strategy: str, connection: BaseDatabaseWrapper) -> str:
+        """Turn "auto" (the caller's, then ``CLAIM_STRATEGY``'s) into a strategy this
+        database runs; refuse one it cannot."""
+        if strategy not in STRATEGIES:
+            raise ValueError(
+                f"unknown claim strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
+            )
+        if strategy == "auto":
+            strategy = conf.get("CLAIM_STRATEGY")
+        skip_locked = self.supports_skip_locked(connection)
+        if strategy == "auto":
+            return "skip_locked" if skip_locked else "update_limit"
+        if strategy == "skip_locked" and not skip_locked:
+            raise NotSupportedError(
+                f"claim strategy 'skip_locked' needs SELECT ... FOR UPDATE SKIP LOCKED, which "
+                f"{connection.display_name} does not have; use 'update_limit' or 'auto'"
+            )
+        return strategy
+
+    def claim(self, strategy: str, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
+        """Run ``claim`` with a resolved strategy and return the claimed items."""
+        if strategy == "skip_locked":
+            return self.claim_skip_locked(claim, values)
+        return self.claim_update_limit(claim, values)
+
+    def claim_skip_locked(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
+        raise NotSupportedError(f"{self.vendor} has no SKIP LOCKED claim")
+
+    def claim_update_limit(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
+        raise NotImplementedError
+
+    def lease_expiry(self, now: str) -> str:
+        """SQL for ``now`` plus the lease, which is bound as ``lease_param``'s one %s."""
+        raise NotImplementedError
+
+    def lease_param(self, lease: timedelta) -> Any:
+        raise NotImplementedError
+
+    def is_transient(self, exc: DatabaseError) -> bool:
+        """A lock conflict worth retrying (deadlock, lock-wait timeout, busy file)."""
+        return False
+
+    def approximate_count(self, queryset: QuerySet[Any]) -> int:
+        """Rows ``queryset`` would return, estimated without a scan where possible."""
+        return queryset.count()
+
+    def ready_queue_names(self, ready: QuerySet[Any]) -> list[str]:
+        """The distinct queue names of ``ready`` (READY rows), in order."""
+        names = ready.order_by("queue").values_list("queue", flat=True).distinct()
+        return list(names)
+
+    def listen(self, alias: str) -> Listener | None:
+        """A listener for new-work announcements, or None where the database has none."""
+        return None
+
+    def ack_sql(
+        self, table: str, columns: dict[str, str], now: str, size: int, results: bool
+    ) -> str:
+        """The fenced acknowledgement of ``size`` items of one claim, in one UPDATE.
+
+        Parameters: DONE, then (pk, result) pairs when ``results``, then the pks, then
+        IN_PROGRESS and the claim token: only rows still held by that claim change.
+        ``columns`` maps field names to quoted columns; a model without ``result`` and
+        ``finished_at`` (a plain QueueModel) has neither set.
+        """
+        pk, assignments = columns["pk"], [f"{columns['status']} = %s"]
+        if "result" in columns:
+            result = "CASE " + f"WHEN {pk} = %s THEN %s " * size + "END" if results else "NULL"
+            assignments += [f"{columns['result']} = {result}", f"{columns['finished_at']} = {now}"]
+        assignments.append(f"{columns['lease_expires_at']} = NULL")
+        return (
+            f"UPDATE {table} SET {', '.join(assignments)} "
+            f"WHERE {pk} IN ({', '.join(['%s'] * size)}) "
+            f"AND {columns['status']} = %s AND {columns['claim_token']} = %s"
+        )

@@ -1,0 +1,121 @@
+"""PostgreSQL: claims as single statements, LISTEN/NOTIFY wake-ups, planner estimates."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, connections
+
+from ..status import Status
+from .base import Dialect
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from .compiler import ClaimStatement, ClaimValues
+
+# How often an update_limit claim that lost all its rows to concurrent claims tries again.
+LOST_RACE_RETRIES = 5
+# serialization_failure, deadlock_detected
+TRANSIENT_SQLSTATES = {"40001", "40P01"}
+# The channel the items table's trigger (migration 0002) NOTIFYs at commit, with the
+# queue name as payload.
+CHANNEL = "django_txqueue"
+
+
+class PostgreSQL(Dialect):
+    vendor = "postgresql"
+    has_notify = True
+
+    def claim_skip_locked(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
+        """Lock the first ready rows nobody else holds and claim them, in one round trip."""
+        return claim.fetch(*self._claim_statement(claim, values, "FOR UPDATE SKIP LOCKED"))
+
+    def claim_update_limit(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
+        """Claim the first n ready rows, waiting on locked ones.
+
+        PostgreSQL has no UPDATE ... LIMIT; a locking, materialised sub-SELECT with LIMIT
+        is its equivalent (unmaterialised, the planner may re-run it and claim more than
+        n). A row another transaction holds is waited for and re-checked, and dropped if
+        it stopped being READY meanwhile. Unlike InnoDB, PostgreSQL does not then read on
+        past it, so a claim that lost every row to a concurrent one is run again while
+        ready rows remain.
+        """
+        sql, params = self._claim_statement(claim, values, "FOR UPDATE")
+        for _ in range(LOST_RACE_RETRIES):
+            items = claim.fetch(sql, params)
+            if items or not claim.queryset.exists():
+                return items
+        return []
+
+    @staticmethod
+    def _claim_statement(
+        claim: ClaimStatement, values: ClaimValues, lock: str
+    ) -> tuple[str, list[Any]]:
+        """Lock the candidates with ``lock`` and claim those still READY, returning them."""
+        candidates, candidate_params = claim.candidates(lock)
+        assignments, assignment_params = claim.assignments(values)
+        sql = (
+            f"WITH picked ({claim.pk}) AS MATERIALIZED ({candidates}) "
+            f"UPDATE {claim.table} SET {assignments} FROM picked "
+            f"WHERE {claim.table}.{claim.pk} = picked.{claim.pk} "
+            f"AND {claim.table}.{claim.column('status')} = %s "
+            f"RETURNING {claim.columns()}"
+        )
+        return sql, candidate_params + assignment_params + [Status.READY]
+
+    def lease_expiry(self, now: str) -> str:
+        return f"{now} + %s"
+
+    def lease_param(self, lease: timedelta) -> timedelta:
+        return lease  # psycopg sends an interval
+
+    def is_transient(self, exc: DatabaseError) -> bool:
+        return getattr(exc.__cause__, "sqlstate", None) in TRANSIENT_SQLSTATES
+
+    def approximate_count(self, queryset: QuerySet[Any]) -> int:
+        """The planner's row estimate for ``queryset``: statistics only, no scan."""
+        connection = connections[queryset.db]
+        sql, params = queryset.values("pk").query.get_compiler(connection=connection).as_sql()
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+            plan = cursor.fetchone()[0]
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        return int(plan[0]["Plan"]["Plan Rows"])
+
+    def listen(self, alias: str) -> NotifyListener:
+        return NotifyListener(alias)
+
+
+class NotifyListener:
+    """A dedicated autocommit connection LISTENing on the queue channel.
+
+    ``fileno()`` becomes readable when a notification arrives; ``drain()`` returns the
+    queue names notified since the last call. Django's own connections are left alone.
+    """
+
+    def __init__(self, alias: str) -> None:
+        import psycopg
+
+        params = connections[alias].get_connection_params()
+        params.pop("cursor_factory", None)  # Django's cursor classes need its wrapper
+        params.pop("context", None)
+        self.connection = psycopg.connect(**params, autocommit=True)
+        self.connection.execute(f"LISTEN {CHANNEL}")
+
+    def fileno(self) -> int:
+        return int(self.connection.fileno())
+
+    def drain(self) -> set[str]:
+        pgconn = self.connection.pgconn
+        pgconn.consume_input()  # raises if the server went away
+        names = set()
+        while (notification := pgconn.notifies()) is not None:
+            names.add(notification.extra.decode())
+        return names
+
+    def close(self) -> None:
+        self.connection.close()

@@ -1,0 +1,124 @@
+"""A consumer's liveness thread: its ``Consumer`` row, its leases, and rescues.
+
+- Heartbeat: the row's ``last_heartbeat_at`` every ``HEARTBEAT_INTERVAL``, so that others
+  can tell this consumer is alive.
+- Lease renewal, on the same tick, for the items whose handlers are still within their
+  queue's ``TIMEOUT``. The tick is also at most a third of the shortest lease this
+  consumer holds, so that no rescue takes an item from a live consumer.
+- Rescue of the stuck items of its queues on a timer of its own, every
+  ``RESCUE_INTERVAL`` from start-up: an item whose consumer died is READY again within
+  its lease plus ``RESCUE_INTERVAL`` of the death, while any consumer of its queue runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+
+from django.db import DatabaseError, connections
+
+from . import conf, store
+from .api import Queue
+from .models import Consumer, QueueItem
+
+logger = logging.getLogger(__name__)
+
+# After a failed tick (the database is away), try again this soon.
+RETRY_PAUSE = 0.5
+
+# (item, monotonic time its handler started or None) for each item in flight.
+Held = Callable[[], Iterable[tuple[QueueItem, "float | None"]]]
+
+
+class Liveness:
+    def __init__(
+        self,
+        consumer: Consumer,
+        using: str,
+        *,
+        queues: Callable[[], Iterable[Queue]],
+        held: Held,
+        lease: float | None,
+        counters: Callable[[], tuple[int, int]],
+        stopping: threading.Event,
+        on_database_error: Callable[[], None],
+    ) -> None:
+        self.consumer = consumer
+        self.using = using
+        self.queues = queues
+        self.held = held
+        self.lease = lease
+        self.counters = counters
+        self.stopping = stopping
+        self.on_database_error = on_database_error
+        self.thread = threading.Thread(target=self._run, name="txqueue-liveness", daemon=True)
+
+    def start(self) -> None:
+        """Register the Consumer row and start the thread (once)."""
+        if self.consumer.pk is not None:
+            return
+        store.register(self.consumer, self.using)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Wait for the thread, then mark the Consumer row stopped."""
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+        if self.consumer.pk is not None:
+            processed, failed = self.counters()
+            store.stop(self.consumer, processed=processed, failed=failed)
+
+    def _run(self) -> None:
+        next_beat = next_rescue = time.monotonic()
+        try:
+            while not self.stopping.wait(max(min(next_beat, next_rescue) - time.monotonic(), 0)):
+                now = time.monotonic()
+                try:
+                    if now >= next_beat:
+                        next_beat = now + self._tick()
+                        self._beat()
+                        self._renew_leases()
+                    if now >= next_rescue:
+                        next_rescue = now + conf.get("RESCUE_INTERVAL")
+                        self._rescue()
+                except DatabaseError as exc:
+                    logger.warning("heartbeat failed, will retry: %s", exc)
+                    self.on_database_error()  # in this thread: checks this thread's connection
+                    next_beat = min(next_beat, now + RETRY_PAUSE)
+                    next_rescue = min(next_rescue, now + RETRY_PAUSE)
+        finally:
+            connections.close_all()
+
+    def _tick(self) -> float:
+        """Seconds to the next heartbeat: HEARTBEAT_INTERVAL, or a third of the shortest
+        lease held, whichever is shorter."""
+        leases = [self._lease(item.queue) for item, _ in self.held()]
+        shortest = min(leases, default=timedelta.max).total_seconds()
+        return float(min(conf.get("HEARTBEAT_INTERVAL"), shortest / 3))
+
+    def _lease(self, queue: str) -> timedelta:
+        return conf.lease(queue) if self.lease is None else timedelta(seconds=self.lease)
+
+    def _beat(self) -> None:
+        processed, failed = self.counters()
+        store.beat(self.consumer, processed=processed, failed=failed)
+
+    def _renew_leases(self) -> None:
+        """Extend the leases of items still being worked on (not those past TIMEOUT)."""
+        now = time.monotonic()
+        by_lease: dict[timedelta, dict[int, int]] = {}
+        for item, started in self.held():
+            timeout = conf.queue_option(item.queue, "TIMEOUT")
+            if timeout is not None and started is not None and now - started > timeout:
+                continue  # hung or too slow: let the lease lapse so it can be rescued
+            by_lease.setdefault(self._lease(item.queue), {})[item.pk] = item.claim_token  # type: ignore[assignment]
+        for lease, tokens in by_lease.items():
+            store.renew_leases(QueueItem, self.using, tokens, lease)
+
+    def _rescue(self) -> None:
+        rescued = sum(queue.requeue_stuck() for queue in self.queues())
+        if rescued:
+            logger.warning("rescued %d stuck items", rescued)

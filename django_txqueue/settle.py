@@ -1,0 +1,129 @@
+"""Settling what handlers came to: one fenced acknowledgement per claim for the
+successes, a retry or a failure for each error, then the signals and counters.
+
+Handler threads ``put`` outcomes; the consumer's main thread calls ``settle()``, so
+every write happens on one thread and connection. An outcome leaves ``unsettled``
+only once the database has it: after a lost connection the rest is settled on a
+later turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from . import signals, store
+from .models import QueueItem
+from .status import Status
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """What running one item's handler came to."""
+
+    item: QueueItem
+    result: Any = None
+    error: str | None = None
+    error_class: str = ""
+    retry: bool = True
+    duration: float = 0.0
+
+    def failed(self, exc: BaseException, *, retry: bool = True) -> None:
+        cls = type(exc)
+        self.error = "".join(traceback.format_exception(exc))
+        self.error_class = f"{cls.__module__}.{cls.__qualname__}"
+        self.retry = retry
+
+
+class Settler:
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self.unsettled: list[Outcome] = []
+        self.processed = 0
+        self.failed = 0
+
+    def put(self, outcome: Outcome) -> None:
+        """Hand over an outcome (from any thread)."""
+        self.outcomes.put(outcome)
+
+    def wait(self, timeout: float) -> None:
+        """Block until an outcome arrives, at most ``timeout`` seconds."""
+        with contextlib.suppress(queue.Empty):
+            self.unsettled.append(self.outcomes.get(timeout=timeout))
+
+    def settle(self) -> list[Outcome]:
+        """Write every outcome received so far; returns those now settled."""
+        while True:
+            try:
+                self.unsettled.append(self.outcomes.get_nowait())
+            except queue.Empty:
+                break
+        settled: list[Outcome] = []
+        by_claim: dict[int, list[Outcome]] = {}
+        for outcome in self.unsettled:
+            if outcome.error is None:
+                by_claim.setdefault(outcome.item.claim_token or 0, []).append(outcome)
+        for token, group in by_claim.items():
+            self._acknowledge(token, group)
+            settled += self._done(group)
+        for outcome in [o for o in self.unsettled if o.error is not None]:
+            self._fail(outcome)
+            settled += self._done([outcome])
+        return settled
+
+    def _acknowledge(self, token: int, group: list[Outcome]) -> None:
+        results = {outcome.item.pk: outcome.result for outcome in group}
+        acknowledged = store.ack_many(QueueItem, self.using, token, results)
+        if acknowledged < len(results):
+            logger.warning(
+                "%d of %d acknowledgements refused: their claims were taken over",
+                len(results) - acknowledged,
+                len(results),
+            )
+
+    def _fail(self, outcome: Outcome) -> None:
+        item = outcome.item
+        final = not outcome.retry or item.attempts >= item.max_attempts
+        if outcome.retry:
+            store.retry(item, outcome.error, error_class=outcome.error_class)
+        else:
+            store.fail(item, outcome.error, error_class=outcome.error_class)
+        logger.warning(
+            "%s #%s failed (attempt %d of %d)%s: %s",
+            item.queue,
+            item.pk,
+            item.attempts,
+            item.max_attempts,
+            "" if final else ", will retry",
+            ((outcome.error or "").strip().splitlines() or [""])[-1],
+        )
+
+    def _done(self, outcomes: list[Outcome]) -> list[Outcome]:
+        settled = {id(outcome) for outcome in outcomes}
+        self.unsettled = [o for o in self.unsettled if id(o) not in settled]
+        for outcome in outcomes:
+            if outcome.error is None:
+                self.processed += 1
+                signals.item_done.send(
+                    sender=QueueItem,
+                    item=outcome.item,
+                    result=outcome.result,
+                    duration=outcome.duration,
+                )
+            else:
+                self.failed += 1
+                signals.item_failed.send(
+                    sender=QueueItem,
+                    item=outcome.item,
+                    error=outcome.error,
+                    will_retry=outcome.item.status == Status.READY,
+                    duration=outcome.duration,
+                )
+        return outcomes

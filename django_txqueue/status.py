@@ -1,0 +1,16 @@
+"""The states of a queue item. Its own module so that ``store`` and ``db`` can name them
+without importing the models."""
+
+from django.db import models
+
+
+class Status(models.IntegerChoices):
+    READY = 1, "ready"
+    IN_PROGRESS = 2, "in progress"
+    DONE = 3, "done"
+    FAILED = 4, "failed"
+
+
+# The states an item can still leave: it counts towards MAX_SIZE and holds its dedup_key.
+UNFINISHED = (Status.READY, Status.IN_PROGRESS)
+FINISHED = (Status.DONE, Status.FAILED)

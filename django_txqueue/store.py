@@ -1,0 +1,375 @@
+"""Every state change of queue items and consumers, one function per intent.
+
+Nothing else in the package writes queue rows. Each change after a claim is fenced:
+it names the claim token it expects and only touches a row still IN_PROGRESS under
+it, so a consumer whose claim was taken over changes nothing and learns so from the
+return value. Functions take the items, querysets or models to act on, so this module
+works for any ``QueueModel`` and imports no models itself.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from django.db import IntegrityError, OperationalError, connections, models, transaction
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.functions import Now
+
+from . import conf
+from . import retry as backoff
+from .db.compiler import ClaimStatement, ClaimValues, ack_sql, sort_items
+from .status import FINISHED, Status
+from .validation import check_json, to_timedelta, validate_pid
+
+if TYPE_CHECKING:
+    from django.db.models import Model, QuerySet
+
+    from .models import Consumer, QueueItem, QueueModel
+
+T = TypeVar("T")
+
+# A deadlock or lock-wait timeout (MySQL), or a busy SQLite file past its timeout, is
+# retried this many times with a short jittered pause before it reaches the caller.
+TRANSIENT_RETRIES = 5
+# Attempts at inserting a dedup_key item whose unfinished twin finishes meanwhile.
+DEDUP_INSERT_ATTEMPTS = 3
+PURGE_BATCH = 1000
+# Clears a claim, so that its holder's fenced acknowledgements change nothing.
+UNCLAIMED: dict[str, Any] = {"pid": "", "claim_token": None, "lease_expires_at": None}
+
+
+# -- identities ----------------------------------------------------------------------
+
+
+def new_identity() -> str:
+    """A consumer identity, ``host:os-pid:random``, never issued before.
+
+    The random part makes a restarted container (same host name, same pid 1) a new
+    consumer, so its predecessor's items are recognisably orphaned.
+    """
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class ConsumerIdentity:
+    """This process's default identity for claims, new after a fork."""
+
+    _value: ClassVar[str | None] = None
+
+    @classmethod
+    def get(cls) -> str:
+        if cls._value is None:
+            cls._value = new_identity()
+        return cls._value
+
+    @classmethod
+    def reset(cls) -> None:
+        cls._value = None
+
+
+os.register_at_fork(after_in_child=ConsumerIdentity.reset)
+
+
+def consumer_identity() -> str:
+    """The default ``pid`` that claims by this process write on items."""
+    return ConsumerIdentity.get()
+
+
+# -- producing -----------------------------------------------------------------------
+
+
+def insert(item: QueueItem, using: str) -> QueueItem:
+    item.save(force_insert=True, using=using)
+    defer_computed(item)
+    return item
+
+
+def insert_many(items: list[QueueItem], using: str) -> list[QueueItem]:
+    """One INSERT per batch, all or none."""
+    created = type(items[0])._default_manager.using(using).bulk_create(items)
+    for item in created:
+        defer_computed(item)
+    return created
+
+
+def insert_unique(item: QueueItem, using: str) -> QueueItem:
+    """Insert, or return the unfinished item of the same queue holding the same dedup_key.
+
+    The unique index on (queue, active_dedup_key) decides races between producers;
+    the savepoint keeps the caller's transaction usable after a conflict.
+    """
+    twins = (
+        type(item)
+        ._default_manager.using(using)
+        .filter(queue=item.queue, active_dedup_key=item.dedup_key)
+    )
+    for _ in range(DEDUP_INSERT_ATTEMPTS):
+        try:
+            with transaction.atomic(using=using):
+                return insert(item, using)
+        except IntegrityError:
+            holder = twins.first()
+            if holder is not None:
+                return holder
+    raise IntegrityError(
+        f"could not enqueue dedup_key {item.dedup_key!r} on queue {item.queue!r}: "
+        "its unfinished twin kept changing"
+    )
+
+
+# -- claiming ------------------------------------------------------------------------
+
+
+def claim(
+    statement: ClaimStatement,
+    *,
+    pid: str | None = None,
+    strategy: str = "auto",
+    lease: float | timedelta | None = None,
+) -> list[Any]:
+    """Move up to ``statement.limit`` ready items to IN_PROGRESS under a new claim.
+
+    ``lease`` None gives each item its queue's ``LEASE``. The strategy is resolved
+    here, once per claim, from the caller's choice, the setting and the database.
+    """
+    validate_pid(pid)
+    duration = None if lease is None else to_timedelta(lease, "lease")
+    connection, dialect = statement.connection, statement.dialect
+    resolved = dialect.resolve_strategy(strategy, connection)
+    values = ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration)
+    items = _retrying_lock_conflicts(lambda: dialect.claim(resolved, statement, values), statement)
+    return sort_items(items, statement.order)
+
+
+def _retrying_lock_conflicts(run: Callable[[], T], statement: ClaimStatement) -> T:
+    """Run ``run``, retrying the vendor's transient lock errors with a short jittered pause.
+
+    Inside the caller's transaction the failed statement may have rolled the whole
+    transaction back: only the caller can retry that.
+    """
+    owns_transaction = not statement.connection.in_atomic_block
+    for attempt in range(TRANSIENT_RETRIES):
+        try:
+            return run()
+        except OperationalError as exc:
+            if not owns_transaction or not statement.dialect.is_transient(exc):
+                raise
+            time.sleep(random.uniform(0.005, 0.02) * 2**attempt)
+    return run()
+
+
+# -- settling a claim ----------------------------------------------------------------
+
+
+def ack(item: QueueModel, result: Any = None) -> bool:
+    """Mark the item DONE (with ``result`` where the model keeps one), if this claim
+    still holds it."""
+    if _has_field(type(item), "result"):
+        check_json(result, "result")
+    if item.claim_token is None or item.status != Status.IN_PROGRESS:
+        return False
+    if not ack_many(type(item), item._state.db or "default", item.claim_token, {item.pk: result}):
+        return False
+    item.status, item.lease_expires_at = Status.DONE, None
+    if _has_field(type(item), "result"):
+        item.result = result  # type: ignore[attr-defined]
+        item.__dict__.pop("finished_at", None)  # set by the database clock: load on access
+    return True
+
+
+def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any, Any]) -> int:
+    """Mark DONE, in one fenced UPDATE, items of one claim: ``{pk: result}``.
+
+    Only rows still IN_PROGRESS under ``claim_token`` change; returns how many did.
+    """
+    if not results:
+        return 0
+    connection = connections[alias]
+    with_results = any(value is not None for value in results.values())
+    params: list[Any] = [Status.DONE]
+    if with_results:
+        field: Any = model._meta.get_field("result")
+        for pk, value in results.items():
+            params += [pk, field.get_db_prep_save(value, connection)]
+    params += [*results, Status.IN_PROGRESS, claim_token]
+    with connection.cursor() as cursor:
+        cursor.execute(ack_sql(model, connection, len(results), with_results), params)
+        return int(cursor.rowcount)
+
+
+def retry(
+    item: QueueItem,
+    error: str | None = None,
+    delay: float | timedelta | None = None,
+    *,
+    error_class: str = "",
+) -> bool:
+    """Put the item back READY after ``delay`` (default: back-off with jitter), or FAILED
+    once ``max_attempts`` claims have been spent."""
+    if item.attempts >= item.max_attempts:
+        return fail(item, error, error_class=error_class)
+    if delay is not None:
+        wait = to_timedelta(delay, "delay")
+    else:
+        wait = backoff.backoff(item.attempts, conf.get("RETRY_DELAY"), conf.get("RETRY_MAX_DELAY"))
+    return _settle(
+        item,
+        **UNCLAIMED,
+        status=Status.READY,
+        run_at=now_plus(wait),
+        last_error=error or "",
+        error_class=error_class,
+    )
+
+
+def fail(item: QueueModel, error: str | None = None, *, error_class: str = "") -> bool:
+    """Mark the item FAILED (keeping ``error`` where the model has room for it)."""
+    if not _has_field(type(item), "last_error"):
+        return _settle(item, status=Status.FAILED, lease_expires_at=None)
+    return _settle(
+        item,
+        status=Status.FAILED,
+        last_error=error or "",
+        error_class=error_class,
+        finished_at=Now(),
+        lease_expires_at=None,
+    )
+
+
+def release(item: QueueModel) -> bool:
+    """Put the item back READY without counting the attempt."""
+    return _settle(item, status=Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
+
+
+def _settle(item: QueueModel, **changes: Any) -> bool:
+    """Apply ``changes`` only if the row is still IN_PROGRESS under this item's claim."""
+    if item.claim_token is None or item.status != Status.IN_PROGRESS:
+        return False
+    changed = (
+        type(item)
+        ._base_manager.using(item._state.db)
+        .filter(pk=item.pk, status=Status.IN_PROGRESS, claim_token=item.claim_token)
+        .update(**changes)
+    )
+    if changed:
+        for name, value in changes.items():
+            setattr(item, name, value)
+        defer_computed(item)
+    return bool(changed)
+
+
+# -- leases and rescue ---------------------------------------------------------------
+
+
+def renew_leases(model: type[Model], alias: str, tokens: dict[Any, int], lease: timedelta) -> int:
+    """Push the leases of in-flight items ``{pk: claim_token}`` to now + ``lease``."""
+    if not tokens:
+        return 0
+    held = Q()
+    for pk, token in tokens.items():
+        held |= Q(pk=pk, claim_token=token)
+    return (
+        model._base_manager.using(alias)
+        .filter(held, status=Status.IN_PROGRESS)
+        .update(lease_expires_at=Now() + lease)
+    )
+
+
+def rescue(stuck: QuerySet[Any], *, fail: bool = False) -> int:
+    """Stuck items go back to READY, or FAILED when their attempts are spent.
+
+    ``fail=True`` fails them all at once, for work that must never run twice. A model
+    without ``max_attempts`` (a plain QueueModel) always goes back to READY.
+    """
+    if not _has_field(stuck.model, "max_attempts"):
+        return stuck.update(**UNCLAIMED, status=Status.READY)
+    failing = Q(pk__isnull=False) if fail else Q(attempts__gte=F("max_attempts"))
+    reason = "stuck: lease expired or consumer died" + ("" if fail else ", attempts spent")
+    return stuck.update(
+        **UNCLAIMED,
+        status=Case(When(failing, then=Value(Status.FAILED)), default=Value(Status.READY)),
+        finished_at=Case(
+            When(failing, then=Now()), default=None, output_field=models.DateTimeField()
+        ),
+        last_error=Case(
+            When(failing, then=Value(reason)),
+            default=F("last_error"),
+            output_field=models.TextField(),
+        ),
+        error_class=Case(
+            When(failing, then=Value("")),
+            default=F("error_class"),
+            output_field=models.CharField(),
+        ),
+    )
+
+
+def purge(items: QuerySet[Any], older_than: timedelta) -> int:
+    """Delete DONE and FAILED ``items`` finished over ``older_than`` ago, in small batches.
+
+    Each batch is its own short statement, so a purge of millions of rows never holds
+    locks for long. Returns how many were deleted.
+    """
+    finished = items.filter(status__in=FINISHED, finished_at__lt=Now() - older_than)
+    deleted, after = 0, 0
+    while True:
+        batch = list(
+            finished.filter(pk__gt=after).order_by("pk").values_list("pk", flat=True)[:PURGE_BATCH]
+        )
+        if not batch:
+            return deleted
+        deleted += int(finished.filter(pk__in=batch).delete()[0])
+        after = batch[-1]
+
+
+# -- consumers -----------------------------------------------------------------------
+
+
+def register(consumer: Consumer, using: str) -> Consumer:
+    """Insert the Consumer row of a starting consumer."""
+    consumer.save(force_insert=True, using=using)
+    return consumer
+
+
+def beat(consumer: Consumer, *, processed: int, failed: int) -> None:
+    """Heartbeat: the consumer is alive (database clock), with its counters."""
+    _consumer_row(consumer).update(last_heartbeat_at=Now(), processed=processed, failed=failed)
+
+
+def stop(consumer: Consumer, *, processed: int, failed: int) -> None:
+    """Mark the consumer stopped: its unfinished items are stuck from now on."""
+    _consumer_row(consumer).update(stopped_at=Now(), processed=processed, failed=failed)
+
+
+def _consumer_row(consumer: Consumer) -> QuerySet[Any]:
+    return type(consumer)._default_manager.using(consumer._state.db).filter(pk=consumer.pk)
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def now_plus(wait: timedelta) -> Any:
+    """The database clock plus ``wait``, as an expression.
+
+    A zero wait is plain ``Now()``: SQLite's arithmetic result has microsecond digits
+    that its millisecond ``Now()`` would compare as later, within the same millisecond.
+    """
+    return Now() + wait if wait else Now()
+
+
+def defer_computed(instance: Model) -> None:
+    """Fields still holding an expression (the database computed their value and did not
+    return it) become deferred: Django loads them on first access."""
+    for field in instance._meta.concrete_fields:
+        if hasattr(instance.__dict__.get(field.attname), "resolve_expression"):
+            del instance.__dict__[field.attname]
+
+
+def _has_field(model: type[Model], name: str) -> bool:
+    return any(field.name == name for field in model._meta.concrete_fields)
