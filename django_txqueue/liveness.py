@@ -4,7 +4,7 @@
   can tell this consumer is alive.
 - Lease renewal, on the same tick, for the items whose handlers are still within their
   queue's ``TIMEOUT``. The tick is also at most a third of the shortest lease this
-  consumer holds, so that no rescue takes an item from a live consumer.
+  consumer gives, so that no rescue takes an item from a live consumer.
 - Rescue of the stuck items of its queues on a timer of its own, every
   ``RESCUE_INTERVAL`` from start-up: an item whose consumer died is READY again within
   its lease plus ``RESCUE_INTERVAL`` of the death, while any consumer of its queue runs.
@@ -94,8 +94,8 @@ class Liveness:
 
     def _tick(self) -> float:
         """Seconds to the next heartbeat: HEARTBEAT_INTERVAL, or a third of the shortest
-        lease held, whichever is shorter."""
-        leases = [self._lease(item.queue) for item, _ in self.held()]
+        lease this consumer gives, whichever is shorter."""
+        leases = [self._lease(queue.name) for queue in self.queues()]
         shortest = min(leases, default=timedelta.max).total_seconds()
         return float(min(conf.get("HEARTBEAT_INTERVAL"), shortest / 3))
 

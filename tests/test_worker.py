@@ -114,6 +114,28 @@ class TestFailures:
         assert (stored.status, stored.attempts) == (Status.FAILED, 1)
         assert "Object of type set is not JSON serializable" in stored.last_error
 
+    @pytest.mark.parametrize(
+        ("queue", "error_class"),
+        [("exits", "builtins.SystemExit"), ("interrupts", "builtins.KeyboardInterrupt")],
+    )
+    @pytest.mark.parametrize("concurrency", [1, 3])
+    def test_a_handler_raising_systemexit_fails_its_item_not_the_consumer(
+        self, queue, error_class, concurrency
+    ):
+        poison = Queue(queue).enqueue({}, max_attempts=2)
+        Queue("echo").enqueue_many([{}] * 3)
+        for _ in range(10):  # retried at once (RETRY_DELAY is tiny), then FAILED
+            worker = worker_for(queue, "echo", concurrency=concurrency, burst=True)
+            assert worker.run() == 0
+            if Queue(queue).count(status=Status.FAILED):
+                break
+            time.sleep(0.01)
+        stored = QueueItem.objects.get(pk=poison.pk)
+        assert (stored.status, stored.attempts) == (Status.FAILED, 2)
+        assert stored.error_class == error_class
+        assert error_class.split(".")[1] in stored.last_error
+        assert Queue("echo").count(status=Status.DONE) == 3  # the consumer went on
+
     def test_signals_report_claims_successes_and_failures(self):
         seen = []
 

@@ -40,7 +40,8 @@ def consumers(tmp_path):
     """Start ``run_queue_consumer ARGS`` processes; whatever is still running is killed after."""
     started = []
 
-    def start(*args):
+    def start(*args, **settings):
+        """``settings`` override FAST's for this consumer."""
         err_path = tmp_path / f"consumer{len(started)}.err"
         with (
             (tmp_path / f"consumer{len(started)}.out").open("wb") as out,
@@ -48,7 +49,7 @@ def consumers(tmp_path):
         ):
             proc = subprocess.Popen(  # noqa: S603 - our own command line
                 [sys.executable, "-m", "django", "run_queue_consumer", *args],
-                env={**child_env(), "TXQUEUE_TEST_SETTINGS": json.dumps(FAST)},
+                env={**child_env(), "TXQUEUE_TEST_SETTINGS": json.dumps({**FAST, **settings})},
                 cwd=ROOT,
                 stdout=out,
                 stderr=err,
@@ -331,3 +332,94 @@ def test_a_second_sigterm_stops_at_once_leaving_items_for_rescue(consumers, sett
     held = QueueItem.objects.filter(pid=me.identity, status=Status.IN_PROGRESS)
     assert held.count() == 2  # not acknowledged, not released: stuck once it is silent
     wait_for(lambda: Queue("slow").items.stuck().count() == 2, 10, "the items to become stuck")
+
+
+def test_sighup_stops_a_consumer_gracefully_like_sigterm(consumers):
+    """A consumer whose terminal closes (or whose supervisor passes SIGHUP on) stops cleanly."""
+    Queue("slow").enqueue_many([{"seconds": 0.3}] * 10)
+    proc = consumers("slow", "--concurrency", "2", "--batch", "4")
+    wait_for(lambda: Run.objects.count() >= 2, START_TIMEOUT, "two runs", [proc])
+
+    proc.send_signal(signal.SIGHUP)
+
+    assert exit_code(proc, SHUTDOWN_TIMEOUT) == 0, stderr_of(proc)
+    me = Consumer.objects.get(os_pid=proc.pid)
+    assert me.stopped_at is not None
+    assert not QueueItem.objects.filter(status=Status.IN_PROGRESS).exists()
+    assert set(runs_per_item().values()) == {1}
+    assert Queue("slow").count(status=Status.DONE) == len(runs_per_item())
+
+
+def test_shutdown_timeout_holds_with_one_handler_thread(consumers):
+    """--concurrency 1 too: a handler past --shutdown-timeout is left for rescue, exit 0."""
+    item = Queue("slow").enqueue({"seconds": 60})
+    proc = consumers("slow", "--concurrency", "1", "--shutdown-timeout", "1")
+    wait_for(lambda: Run.objects.exists(), START_TIMEOUT, "the run", [proc])
+
+    proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    assert exit_code(proc, 10) == 0, stderr_of(proc)
+    assert time.monotonic() - started < 4
+
+    me = Consumer.objects.get(os_pid=proc.pid)
+    assert me.stopped_at is not None
+    stored = QueueItem.objects.get(pk=item.pk)
+    assert (stored.status, stored.pid) == (Status.IN_PROGRESS, me.identity)
+    assert Queue("slow").items.stuck().filter(pk=item.pk).exists()  # the next rescue takes it
+
+
+def test_a_handler_calling_sys_exit_fails_its_item_and_burst_exits_0(consumers):
+    poison = Queue("exits").enqueue({}, max_attempts=2)
+    for _ in range(2):  # an attempt each (the retry may not be due when --burst looks)
+        proc = consumers("exits", "--burst")
+        assert exit_code(proc, START_TIMEOUT + 10) == 0, stderr_of(proc)
+        time.sleep(0.05)
+    stored = QueueItem.objects.get(pk=poison.pk)
+    assert (stored.status, stored.attempts, stored.error_class) == (
+        Status.FAILED,
+        2,
+        "builtins.SystemExit",
+    )
+
+
+def test_an_orphaned_item_is_rescued_within_lease_plus_rescue_interval(consumers):
+    """The promise: READY again (or re-claimed) within LEASE + RESCUE_INTERVAL + 1 s of the
+    consumer's death, while another consumer of the queue runs; never while the lease is
+    still being renewed."""
+    lease = 2.0
+    # Heartbeats rarer than the rescue interval and than the keeper's lease: rescues and
+    # renewals must keep their own time.
+    timing = {"HEARTBEAT_INTERVAL": 3, "RESCUE_INTERVAL": 1, "CONSUMER_TIMEOUT": 60}
+    item = Queue("slow").enqueue({"seconds": 30})
+    victim = consumers("slow", "--lease", str(lease), **timing)
+    wait_for(lambda: Run.objects.exists(), START_TIMEOUT, "the run", [victim])
+    # A live consumer with a 1 s lease and a 3 s handler: renewed, so never rescued.
+    busy = Queue("slow").enqueue({"seconds": 3})
+    keeper = consumers("slow", "--lease", "1", **timing)
+    rescuer_pid = keeper.pid
+    wait_for(
+        lambda: Run.objects.filter(item_id=busy.pk).exists(), START_TIMEOUT, "busy runs", [keeper]
+    )
+    claimed_by = QueueItem.objects.get(pk=item.pk).pid
+
+    victim.kill()
+    killed_at = time.monotonic()
+    victim.wait(timeout=10)
+
+    def released():
+        stored = QueueItem.objects.get(pk=item.pk)
+        return stored.pid != claimed_by
+
+    wait_for(released, lease + timing["RESCUE_INTERVAL"] + 5, "the rescue", [keeper])
+    elapsed = time.monotonic() - killed_at
+    # The last renewal was at most a third of the lease before the kill; the sweep at
+    # most one RESCUE_INTERVAL after the lease ran out.
+    assert lease * 2 / 3 - 0.3 <= elapsed
+    assert elapsed <= lease + timing["RESCUE_INTERVAL"] + 1
+    wait_for(
+        lambda: QueueItem.objects.get(pk=busy.pk).status == Status.DONE, 10, "busy done", [keeper]
+    )
+    done = QueueItem.objects.get(pk=busy.pk)
+    keeper_identity = Consumer.objects.get(os_pid=rescuer_pid).identity
+    assert (done.attempts, done.pid) == (1, keeper_identity)
+    assert runs_per_item()[busy.pk] == 1

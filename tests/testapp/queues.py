@@ -34,3 +34,14 @@ def noop(item):
 def bench(item):
     """tests/bench/wakeup.py: the item's result is the wall-clock time its handler started."""
     return time.time()
+
+
+@handler("exits")
+def exits(item):
+    """A handler that calls sys.exit(): its item's failure, not the consumer's end."""
+    raise SystemExit(3)
+
+
+@handler("interrupts")
+def interrupts(item):
+    raise KeyboardInterrupt
