@@ -1,0 +1,50 @@
+"""Waiting for the database at start-up, before anything needs it.
+
+A consumer started while its database is down (a server restart, a failover, a container
+up before its database) must not exit with a traceback: under systemd's ``Restart=`` or
+``--processes`` that is a crash loop. Django's system checks are the first to need the
+database: field checks ask the backend for the server's version (PostgreSQL, MySQL) or
+for its JSON support (SQLite). So the command waits here first, with the growing,
+jittered pauses of the consumer's loop, and runs the checks after.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+
+from django.db import InterfaceError, OperationalError, connections
+
+logger = logging.getLogger(__name__)
+
+FIRST_PAUSE = 0.5  # seconds; doubles after each failed try, as in the consumer's loop
+MAX_PAUSE = 30.0
+
+
+def wait_for_database(alias: str, stopping: threading.Event, log: logging.Logger = logger) -> bool:
+    """Try ``alias`` until it answers: True then, False if ``stopping`` is set first.
+
+    Each failed try is logged on one line at WARNING. The server's version is fetched
+    too: Django caches it, and the system checks need nothing more from the database.
+    """
+    connection = connections[alias]
+    pause = 0.0
+    while not stopping.is_set():
+        try:
+            with connection.temporary_connection() as cursor:  # closed after, if opened here
+                cursor.execute("SELECT 1")
+                connection.get_database_version()
+            if pause:
+                log.info("database %r is available", alias)
+            return True
+        except (OperationalError, InterfaceError) as exc:
+            pause = min(max(pause * 2, FIRST_PAUSE), MAX_PAUSE)
+            log.warning(
+                "database %r unavailable at start-up, retrying in %.1f s: %s",
+                alias,
+                pause,
+                " ".join(str(exc).split()),  # PostgreSQL's messages span lines
+            )
+            stopping.wait(pause * random.uniform(0.8, 1.2))
+    return False
