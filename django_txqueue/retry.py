@@ -1,4 +1,4 @@
-"""Retry back-off: exponential, capped, with jitter. Pure functions, no database."""
+"""Back-off: exponential, capped, with jitter. Pure functions, no database."""
 
 from __future__ import annotations
 
@@ -15,3 +15,19 @@ def backoff(attempts: int, base: float, cap: float) -> timedelta:
     """
     ceiling = min(cap, base * 2 ** max(attempts - 1, 0))
     return timedelta(seconds=ceiling / 2 + random.uniform(0, ceiling / 2))
+
+
+# A consumer that cannot reach its database pauses 0.5 s, then twice as long each time,
+# up to 30 s: at start-up and in its loop alike.
+FIRST_PAUSE = 0.5
+MAX_PAUSE = 30.0
+
+
+def next_pause(previous: float) -> float:
+    """The pause after one more failed try at the database (``previous``: 0 at first)."""
+    return min(max(previous * 2, FIRST_PAUSE), MAX_PAUSE)
+
+
+def jittered(pause: float) -> float:
+    """``pause`` give or take 20%, so that consumers that failed together spread out."""
+    return pause * random.uniform(0.8, 1.2)

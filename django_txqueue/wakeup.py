@@ -43,9 +43,8 @@ class Waiter:
         self.listener: Listener | None = None
         self.socket: socket.socket | None = None
         self.dialect = dialect_for(alias)
-        if self.dialect.has_notify:
-            self._listen()
-        elif conf.get("LOCAL_WAKEUP"):
+        # The LISTEN connection opens on the first wait: building a Waiter needs no database.
+        if not self.dialect.has_notify and conf.get("LOCAL_WAKEUP"):
             self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             self.socket.bind(("127.0.0.1", 0))
             self.socket.setblocking(False)
@@ -62,7 +61,7 @@ class Waiter:
         try:
             self.listener = self.dialect.listen(self.alias)
         except Exception as exc:  # the database is down: poll until it is back
-            logger.warning("LISTEN failed, polling instead: %s", exc)
+            logger.warning("LISTEN failed, polling instead: %s", " ".join(str(exc).split()))
             self.listener = None
 
     def wait(self, timeout: float) -> bool:

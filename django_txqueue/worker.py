@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import queue as queue_module
-import random
 import socket
 import threading
 import time
@@ -30,14 +29,15 @@ from .api import Queue
 from .liveness import Liveness
 from .models import Consumer, QueueItem
 from .registry import Handler
+from .retry import jittered, next_pause
 from .settle import Outcome, Settler
+from .startup import one_line
 from .validation import check_json
 from .wakeup import Waiter
 
 logger = logging.getLogger(__name__)
 
 FIRST_IDLE_WAIT = 0.05  # seconds; doubles while idle, up to POLL_INTERVAL
-MAX_ERROR_BACKOFF = 30.0
 # Seconds between looks for new queues, when handlers may be found for queues nobody
 # named (Django Tasks with QUEUES = []).
 DISCOVERY_INTERVAL = 5.0
@@ -243,12 +243,12 @@ class Worker:
         Other database errors (a missing table, say) are bugs or setup mistakes: they end
         the consumer with a traceback instead of retrying forever.
         """
-        self._error_backoff = min(max(self._error_backoff * 2, 0.5), MAX_ERROR_BACKOFF)
+        self._error_backoff = next_pause(self._error_backoff)
         logger.warning(
-            "database error, retrying in %.1f s: %s", self._error_backoff, str(exc).strip()
+            "database error, retrying in %.1f s: %s", self._error_backoff, one_line(exc)
         )
         self._database_error()
-        self.stopping.wait(self._error_backoff * random.uniform(0.8, 1.2))
+        self.stopping.wait(jittered(self._error_backoff))
 
     def _database_error(self) -> None:
         """Count the error and drop this thread's connection if it broke."""

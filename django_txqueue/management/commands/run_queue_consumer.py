@@ -6,6 +6,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -13,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf, registry
 from ...backends import any_task_queue
+from ...startup import wait_for_database
 from ...supervisor import Supervisor, child_argv
 from ...worker import Progress, Worker
 from .. import default_alias
@@ -27,9 +30,12 @@ def positive_int(value: str) -> int:
 
 class Command(BaseCommand):
     help = (
-        "Consume queues: run their handlers until stopped (SIGTERM/SIGINT: graceful). "
+        "Consume queues: run their handlers until stopped (SIGTERM/SIGINT/SIGHUP: graceful). "
         "Without names, every queue that has a handler, plus the Django Tasks queues."
     )
+    # Django's checks need the database (the server's version): handle() runs them once
+    # it has waited for the database, instead of dying before it if it is down.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("queues", nargs="*", metavar="QUEUE")
@@ -60,6 +66,7 @@ class Command(BaseCommand):
             type=float,
             help="Seconds in-flight handlers get to finish on SIGTERM (default: TXQUEUE).",
         )
+        parser.add_argument("--skip-checks", action="store_true", help="Skip system checks.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         registry.autodiscover()
@@ -78,9 +85,8 @@ class Command(BaseCommand):
             raise CommandError(f"{problem} Known queues: {', '.join(sorted(known)) or 'none'}.")
         using = default_alias(options["database"])
         self.configure_logging(options["verbosity"])
-        if options["processes"] > 1:
-            code = Supervisor(child_argv(), options["processes"]).run()
-        else:
+        worker = None
+        if options["processes"] == 1:
             worker = Worker(
                 handlers={name: known[name] for name in names},
                 using=using,
@@ -93,19 +99,29 @@ class Command(BaseCommand):
                 discover=discover,
                 on_progress=self.show_progress if options["verbosity"] >= 1 else None,
             )
-            self.install_signal_handlers(worker)
+        # Signals stop the wait for the database too (the supervisor installs its own after).
+        stopping = threading.Event() if worker is None else worker.stopping
+        self.install_signal_handlers(stopping, stopping.set if worker is None else worker.stop)
+        if not wait_for_database(using, stopping):
+            return  # stopped while waiting: exit 0
+        if not options["skip_checks"]:
+            self.check()
+        if worker is not None:
             code = worker.run()
+        else:
+            code = 0 if stopping.is_set() else Supervisor(child_argv(), options["processes"]).run()
         if code:
             sys.exit(code)
 
-    def install_signal_handlers(self, worker: Worker) -> None:
-        """First SIGTERM, SIGINT or SIGHUP: stop gracefully. Second: stop at once, items
-        left for rescue. SIGHUP stays ignored where it was (nohup)."""
+    def install_signal_handlers(self, stopping: threading.Event, stop: Callable[[], None]) -> None:
+        """First SIGTERM, SIGINT or SIGHUP: ``stop()`` (sets ``stopping``): gracefully, or
+        while waiting for the database. Second: stop at once, items left for rescue.
+        SIGHUP stays ignored where it was (nohup)."""
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            if worker.stopping.is_set():
+            if stopping.is_set():
                 os._exit(128 + signum)
-            worker.stop()
+            stop()
 
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             if signal.getsignal(signum) is not signal.SIG_IGN:

@@ -1,0 +1,53 @@
+"""Waiting for the database at start-up, before anything needs it.
+
+A consumer started while its database is down (a server restart, a failover, a container
+up before its database) must not exit with a traceback: under systemd's ``Restart=`` or
+``--processes`` that is a crash loop. Django's system checks are the first to need the
+database: field checks ask the backend for the server's version (PostgreSQL, MySQL) or
+for its JSON support (SQLite). So the command waits here first, with the growing,
+jittered pauses of the consumer's loop, and runs the checks after.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.db import InterfaceError, OperationalError, connections
+
+from .retry import jittered, next_pause
+
+logger = logging.getLogger(__name__)
+
+
+def wait_for_database(alias: str, stopping: threading.Event, log: logging.Logger = logger) -> bool:
+    """Try ``alias`` until it answers: True then, False if ``stopping`` is set first.
+
+    Each failed try is logged on one line at WARNING. The server's version is fetched
+    too: Django caches it, and the system checks need nothing more from the database.
+    """
+    connection = connections[alias]
+    pause = 0.0
+    while not stopping.is_set():
+        try:
+            with connection.temporary_connection() as cursor:  # closed after, if opened here
+                cursor.execute("SELECT 1")
+                connection.get_database_version()
+            if pause:
+                log.info("database %r is available", alias)
+            return True
+        except (OperationalError, InterfaceError) as exc:
+            pause = next_pause(pause)
+            log.warning(
+                "database %r unavailable at start-up, retrying in %.1f s: %s",
+                alias,
+                pause,
+                one_line(exc),
+            )
+            stopping.wait(jittered(pause))
+    return False
+
+
+def one_line(exc: BaseException) -> str:
+    """The error's message on one line (PostgreSQL's span several)."""
+    return " ".join(str(exc).split())
