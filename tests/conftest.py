@@ -1,26 +1,22 @@
+"""Fixtures only; shared helper functions live in tests/helpers.py."""
+
 import itertools
 import json
-import os
+import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 
 from django_txqueue import Queue
 
-ROOT = Path(__file__).resolve().parent.parent
+from .helpers import ROOT, child_env, strategies
+
 _names = itertools.count()
-
-
-def strategies():
-    """Every claim strategy the connected database supports."""
-    found = ["update_limit"]
-    if connection.features.has_select_for_update_skip_locked:
-        found.append("skip_locked")
-    return found
+CONSUMER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @pytest.fixture(params=["update_limit", "skip_locked"])
@@ -35,20 +31,25 @@ def queue(db):
     return Queue(f"q{next(_names)}")
 
 
-def child_env():
-    """Environment for a child process that must open this test database."""
-    return {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "TXQUEUE_TEST_NAME": str(connection.settings_dict["NAME"]),
-        "PYTHONPATH": str(ROOT),
-    }
-
-
 @pytest.fixture
 def db_child_env():
     """child_env() for a child started from the test itself."""
     return child_env()
+
+
+@pytest.fixture
+def run_consumer():
+    """Run ``run_queue_consumer ARGS`` in this thread as ``manage.py`` does (verbosity 0
+    unless given); the signal handlers the command installs are put back afterwards."""
+    saved = {signum: signal.getsignal(signum) for signum in CONSUMER_SIGNALS}
+
+    def run(*args, **options):
+        options.setdefault("verbosity", 0)
+        call_command("run_queue_consumer", *args, **options)
+
+    yield run
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
 
 
 @pytest.fixture

@@ -1,3 +1,9 @@
+"""Claims: order, the claimed state, strategies, round trips, indexes, lock conflicts.
+
+What happens to an item after its claim (ack, retry, fail, release, rescue, fencing,
+lease renewal) is in test_store.py.
+"""
+
 import datetime as dt
 import re
 
@@ -8,16 +14,10 @@ from django.utils import timezone
 
 from django_txqueue import Queue, Status
 from django_txqueue.db import dialect
-from django_txqueue.models import Consumer, QueueItem
+from django_txqueue.models import QueueItem
 from django_txqueue.store import consumer_identity
+from tests.helpers import strategies
 from tests.testapp.models import Thing
-
-
-def expire(item):
-    """Move an item's lease into the past (database clock), as if time had passed."""
-    QueueItem.objects.filter(pk=item.pk).update(
-        lease_expires_at=timezone.now() - dt.timedelta(seconds=5)
-    )
 
 
 class TestOrder:
@@ -121,7 +121,7 @@ class TestClaimedState:
 
 class TestStrategies:
     def test_auto_picks_skip_locked_where_the_database_has_it(self, db):
-        expected = "skip_locked" if "skip_locked" in _supported() else "update_limit"
+        expected = "skip_locked" if "skip_locked" in strategies() else "update_limit"
         assert dialect(connection).resolve_strategy("auto", connection) == expected
 
     def test_claim_strategy_setting_steers_auto(self, db, settings):
@@ -150,165 +150,8 @@ class TestStrategies:
         assert len(statements) == expected[connection.vendor]
 
 
-def _supported():
-    from tests.conftest import strategies
-
-    return strategies()
-
-
 def _is_tx_control(sql):
     return re.match(r"(?i)(SAVEPOINT|RELEASE|ROLLBACK|BEGIN|COMMIT)", sql) is not None
-
-
-class TestFencing:
-    def test_ack_marks_done_with_result(self, queue, strategy):
-        queue.enqueue({})
-        [item] = queue.claim(strategy=strategy)
-        assert item.ack(result={"sent": True}) is True
-        stored = QueueItem.objects.get(pk=item.pk)
-        assert (stored.status, stored.result) == (Status.DONE, {"sent": True})
-        assert stored.finished_at is not None
-        assert item.finished_at == stored.finished_at  # deferred, loaded on access
-
-    def test_expired_and_reclaimed_item_fences_the_old_holder(self, queue, strategy):
-        queue.enqueue({})
-        [old] = queue.claim(strategy=strategy, pid="slow-worker")
-        expire(old)
-        assert queue.requeue_stuck() == 1
-        [new] = queue.claim(strategy=strategy, pid="fast-worker")
-        assert new.pk == old.pk and new.attempts == 2
-        for verb in (
-            lambda: old.ack(result="late"),
-            old.release,
-            lambda: old.fail("late"),
-            lambda: old.retry("late"),
-        ):
-            assert verb() is False
-        stored = QueueItem.objects.get(pk=old.pk)
-        assert (stored.status, stored.pid, stored.result, stored.last_error) == (
-            Status.IN_PROGRESS,
-            "fast-worker",
-            None,
-            "",
-        )
-        assert new.ack() is True
-
-    def test_second_claim_by_the_same_pid_fences_the_first(self, queue, strategy):
-        queue.enqueue({})
-        [first] = queue.claim(strategy=strategy, pid="me")
-        expire(first)
-        queue.requeue_stuck()
-        [second] = queue.claim(strategy=strategy, pid="me")
-        assert first.ack() is False
-        assert second.ack() is True
-
-    def test_expired_lease_alone_does_not_fence(self, queue, strategy):
-        queue.enqueue({})
-        [item] = queue.claim(strategy=strategy)
-        expire(item)
-        assert item.ack() is True
-
-    def test_ack_twice(self, queue):
-        queue.enqueue({})
-        [item] = queue.claim()
-        assert item.ack() is True
-        assert item.ack() is False
-
-    def test_unclaimed_item_cannot_be_acknowledged(self, queue):
-        item = queue.enqueue({})
-        assert item.ack() is False
-        assert QueueItem.objects.get(pk=item.pk).status == Status.READY
-
-    def test_ack_rejects_a_non_json_result_and_changes_nothing(self, queue):
-        queue.enqueue({})
-        [item] = queue.claim()
-        with pytest.raises(TypeError, match="result"):
-            item.ack(result=object())
-        assert QueueItem.objects.get(pk=item.pk).status == Status.IN_PROGRESS
-
-    def test_queue_model_subclass_verbs(self, db, strategy):
-        Thing.objects.bulk_create([Thing(name="a"), Thing(name="b"), Thing(name="c")])
-        a, b, c = Thing.objects.claim(3, strategy=strategy)
-        assert a.ack() and b.fail("no column, not kept") and c.release()
-        assert dict(Thing.objects.values_list("name", "status")) == {
-            "a": Status.DONE,
-            "b": Status.FAILED,
-            "c": Status.READY,
-        }
-        assert Thing.objects.get(name="c").attempts == 0
-
-
-class TestRelease:
-    def test_release_puts_back_without_counting_the_attempt(self, queue, strategy):
-        queue.enqueue({})
-        [item] = queue.claim(strategy=strategy)
-        assert item.release() is True
-        stored = QueueItem.objects.get(pk=item.pk)
-        assert (stored.status, stored.attempts, stored.pid, stored.claim_token) == (
-            Status.READY,
-            0,
-            "",
-            None,
-        )
-        assert queue.claim(strategy=strategy)[0].pk == item.pk
-
-
-class TestRetry:
-    def test_retry_schedules_with_backoff(self, queue, strategy, settings):
-        settings.TXQUEUE = {"RETRY_DELAY": 60, "RETRY_MAX_DELAY": 600}
-        queue.enqueue({})
-        [item] = queue.claim(strategy=strategy)
-        assert item.retry("timeout") is True
-        stored = QueueItem.objects.get(pk=item.pk)
-        assert (stored.status, stored.last_error, stored.attempts) == (Status.READY, "timeout", 1)
-        wait = stored.run_at - timezone.now()
-        assert dt.timedelta(seconds=25) < wait <= dt.timedelta(seconds=60)
-        assert queue.claim(strategy=strategy) == []
-
-    def test_retry_with_explicit_delay(self, queue):
-        queue.enqueue({})
-        [item] = queue.claim()
-        item.retry(delay=0)
-        assert queue.claim()[0].attempts == 2
-
-    def test_failed_after_max_attempts_with_error_kept(self, queue, strategy):
-        queue.enqueue({}, max_attempts=3)
-        for attempt in range(1, 4):
-            [item] = queue.claim(strategy=strategy)
-            assert item.attempts == attempt
-            assert item.retry(f"error {attempt}", delay=0) is True
-        stored = QueueItem.objects.get(pk=item.pk)
-        assert (stored.status, stored.last_error) == (Status.FAILED, "error 3")
-        assert stored.finished_at is not None
-        assert queue.claim(strategy=strategy) == []
-
-
-class TestStuck:
-    def test_requeue_stuck_rescues_expired_leases_only(self, queue, strategy):
-        queue.enqueue_many([{}] * 3)
-        stuck, alive, _ = queue.claim(3, strategy=strategy)
-        expire(stuck)
-        assert list(queue.items.stuck()) == [stuck]
-        assert queue.requeue_stuck() == 1
-        assert QueueItem.objects.get(pk=stuck.pk).status == Status.READY
-        assert QueueItem.objects.get(pk=alive.pk).status == Status.IN_PROGRESS
-
-    def test_items_of_a_dead_consumer_are_stuck_before_their_lease_ends(self, queue):
-        queue.enqueue_many([{}] * 2)
-        Consumer.objects.create(identity="dead", host="h", os_pid=1, stopped_at=timezone.now())
-        Consumer.objects.create(identity="alive", host="h", os_pid=2)
-        [orphan] = queue.claim(1, pid="dead", lease=600)
-        [kept] = queue.claim(1, pid="alive", lease=600)
-        assert [i.pk for i in queue.items.stuck()] == [orphan.pk]
-
-    def test_spent_attempts_end_failed(self, queue):
-        queue.enqueue({}, max_attempts=1)
-        [item] = queue.claim()
-        expire(item)
-        assert queue.requeue_stuck() == 1
-        stored = QueueItem.objects.get(pk=item.pk)
-        assert stored.status == Status.FAILED
-        assert "attempts spent" in stored.last_error
 
 
 class TestIndexes:

@@ -1,17 +1,20 @@
-"""The maintenance commands: txqueue_stats, txqueue_requeue_stuck, txqueue_purge."""
+"""The commands: run_queue_consumer's arguments, and the maintenance commands
+txqueue_stats, txqueue_requeue_stuck and txqueue_purge."""
 
 import datetime as dt
 import io
 import json
 import re
+from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from django_txqueue import Queue, Status
-from django_txqueue.models import QueueItem
+from django_txqueue import Queue, Status, enqueue, registry
+from django_txqueue.backends import TASKS_FRAMEWORK
+from django_txqueue.models import Consumer, QueueItem
 
 
 def run(*args, **options):
@@ -242,3 +245,68 @@ class TestPurge:
     def test_unknown_database_alias(self, db):
         with pytest.raises(CommandError, match="Unknown database alias 'nope'"):
             run("txqueue_purge", older_than=1, database="nope")
+
+
+class TestRunQueueConsumer:
+    """Argument handling of ``run_queue_consumer``; the loop itself is in test_worker.py."""
+
+    def test_unknown_queue_is_an_error_listing_the_known_ones(self, db, run_consumer):
+        with pytest.raises(CommandError) as raised:
+            run_consumer("echo", "nope", "--burst")
+        message = str(raised.value)
+        assert message.startswith("No handler for queue 'nope'.")
+        known = message.split("Known queues: ", 1)[1].rstrip(".").split(", ")
+        assert known == sorted(known)
+        assert {"boom", "echo", "slow", "default", "tasks-other"} <= set(known)
+        assert "'echo'" not in message.split("Known queues")[0]
+        assert not Consumer.objects.exists()  # nothing started
+
+    def test_no_queues_at_all_is_an_error(self, db, run_consumer, settings, monkeypatch):
+        monkeypatch.setattr(registry, "handlers", dict)
+        del settings.TASKS
+        with pytest.raises(CommandError, match="No queues to consume.*Known queues: none"):
+            run_consumer("--burst")
+
+    def test_unknown_database_alias(self, db, run_consumer):
+        with pytest.raises(CommandError, match="Unknown database alias 'nope'; DATABASES has: "):
+            run_consumer("--burst", "--database", "nope")
+        with pytest.raises(CommandError, match="Unknown database alias 'nope'"):
+            run_consumer("echo", "--burst", database="nope")
+        assert not Consumer.objects.exists()
+
+    @pytest.mark.parametrize(
+        "option", ["--concurrency=0", "--batch=-1", "--processes=0", "--strategy=fastest"]
+    )
+    def test_bad_options(self, db, run_consumer, option):
+        with pytest.raises(CommandError, match=option.split("=")[0]):
+            run_consumer("echo", "--burst", option)
+
+    @pytest.mark.django_db(transaction=True)
+    def test_burst_without_names_serves_handler_and_tasks_queues(self, run_consumer):
+        echo = Queue("echo").enqueue_many([{"n": n} for n in range(3)])
+        noop = enqueue("noop", {})
+        task_items: list[Any] = []
+        if TASKS_FRAMEWORK is not None:
+            from tests.testapp import tasks
+
+            task_items = [tasks.add.enqueue(1, 2), tasks.shout.enqueue("hi")]
+
+        run_consumer("--burst", "--batch", "2")
+
+        assert Queue("echo").count(status=Status.DONE) == len(echo) == 3
+        assert QueueItem.objects.get(pk=noop.pk).status == Status.DONE
+        results = [QueueItem.objects.get(pk=int(r.id)).result for r in task_items]
+        assert results == ([3, "HI"] if task_items else [])
+        consumer = Consumer.objects.get()
+        assert consumer.queues == sorted(registry.handlers())
+        assert {"echo", "noop", "default", "tasks-other"} <= set(consumer.queues)
+        assert consumer.stopped_at is not None and consumer.processed == 4 + len(task_items)
+
+    @pytest.mark.django_db(transaction=True)
+    def test_burst_with_names_serves_only_those(self, run_consumer):
+        Queue("echo").enqueue({})
+        boom = Queue("boom").enqueue({})
+        run_consumer("echo", "--burst")
+        assert Queue("echo").count(status=Status.DONE) == 1
+        assert QueueItem.objects.get(pk=boom.pk).status == Status.READY
+        assert Consumer.objects.get().queues == ["echo"]

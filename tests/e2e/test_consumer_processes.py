@@ -17,7 +17,7 @@ from django.db.models import Count
 
 from django_txqueue import Queue, Status
 from django_txqueue.models import Consumer, QueueItem
-from tests.conftest import ROOT, child_env
+from tests.helpers import ROOT, child_env
 from tests.testapp.models import Run
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -50,3 +50,23 @@ def pair(x: int) -> tuple[int, int]:
 @task
 def unserialisable() -> object:
     return object()
+
+
+@task(takes_context=True)
+def fails_every_attempt(context: Any) -> None:
+    """Raises naming its attempt, so that each attempt's error can be told apart."""
+    raise TaskBoom(f"attempt {context.attempt}")
+
+
+@task(takes_context=True)
+def flaky(context: Any) -> int:
+    """Fails its first attempt, succeeds on the next one."""
+    if context.attempt < 2:
+        raise TaskBoom("first attempt fails")
+    return int(context.attempt)
+
+
+@task
+def exits() -> None:
+    """A task that calls sys.exit(): its attempt's failure, not the consumer's end."""
+    raise SystemExit(3)
