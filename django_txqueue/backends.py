@@ -29,6 +29,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from .api import Queue, enqueue
+from .exceptions import NotJSONSerializable
 from .models import QueueItem, Status
 from .validation import queue_name_problem
 
@@ -257,7 +258,7 @@ def run_task(item: QueueItem) -> Any:
             value = task.call(TaskContext(task_result=result), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
-        value = json_value(value, f"return value of task {task.module_path}")
+        value = json_value(value, f"return value of task {task.module_path}", NotJSONSerializable)
     except BaseException as exc:  # SystemExit too: the consumer records it as a failure
         finish(result, "FAILED", error=exc)
         task_finished.send(sender, task_result=result)
@@ -288,8 +289,8 @@ def finish(
         )
 
 
-def json_value(value: Any, what: str) -> Any:
-    """``value`` as Django's Tasks keep it (tuples become lists); else TypeError."""
+def json_value(value: Any, what: str, error: type[TypeError] = TypeError) -> Any:
+    """``value`` as Django's Tasks keep it (tuples become lists); else ``error``."""
     try:
         return normalize_json(value)
     except (TypeError, ValueError) as exc:
@@ -297,8 +298,8 @@ def json_value(value: Any, what: str) -> Any:
         try:
             json.dumps(value)
         except (TypeError, ValueError) as json_error:
-            raise TypeError(f"{what}: {json_error}") from exc
-        raise TypeError(f"{what} is not JSON serializable: {exc}") from exc
+            raise error(f"{what}: {json_error}") from exc
+        raise error(f"{what} is not JSON serializable: {exc}") from exc
 
 
 def is_task_payload(payload: Any) -> bool:

@@ -5,6 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 
+class NotJSONSerializable(TypeError):
+    """A handler's result or a task's return value that JSON cannot hold.
+
+    The item fails at once: running the same code again would return the same value.
+    """
+
+
 class QueueFull(Exception):
     """Raised by enqueue on a bounded queue (``MAX_SIZE``); nothing was written.
 

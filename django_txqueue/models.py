@@ -142,7 +142,7 @@ class QueueQuerySet(models.QuerySet[_M]):
 
 
 class QueueModel(models.Model):
-    """Abstract base that makes any table a queue (seed 003's STATUS and PID columns).
+    """Abstract base that makes any table a queue: STATUS and PID columns, claimed in place.
 
     Subclasses get ``objects.claim(...)``, ``ready()``, ``stuck()`` and the fenced
     ``ack()``, ``release()`` and ``fail()``. Claims read the ``claim_order`` (pk, FIFO)

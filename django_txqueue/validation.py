@@ -61,8 +61,8 @@ def validate_pid(pid: Any) -> str | None:
     return pid
 
 
-def check_json(value: Any, what: str) -> None:
-    """Raise TypeError naming the type that Django's JSON encoder cannot serialise.
+def check_json(value: Any, what: str, error: type[TypeError] = TypeError) -> None:
+    """Raise ``error`` naming the type that Django's JSON encoder cannot serialise.
 
     The message keeps Python's own wording ("Object of type set is not JSON
     serializable"), so that searching for the usual error finds it.
@@ -70,7 +70,7 @@ def check_json(value: Any, what: str) -> None:
     try:
         json.dumps(value, cls=DjangoJSONEncoder)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{what}: {exc}") from exc
+        raise error(f"{what}: {exc}") from exc
 
 
 def to_timedelta(value: float | timedelta, name: str) -> timedelta:

@@ -39,6 +39,7 @@ class Waiter:
         self.alias = alias
         self.queues = set(queues)
         self._stop_read, self._stop_write = os.pipe()
+        self._closed = False
         os.set_blocking(self._stop_write, False)
         self.listener: Listener | None = None
         self.socket: socket.socket | None = None
@@ -103,7 +104,9 @@ class Waiter:
         return bool(names & self.queues)
 
     def interrupt(self) -> None:
-        """Wake the waiting thread now (safe from a signal handler)."""
+        """Wake the waiting thread now (safe from a signal handler; a no-op once closed)."""
+        if self._closed:
+            return
         with contextlib.suppress(BlockingIOError):  # already pending
             os.write(self._stop_write, b"x")
 
@@ -114,6 +117,9 @@ class Waiter:
             self.listener = None
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self.close_listener()
         if self.socket is not None:
             self.socket.close()

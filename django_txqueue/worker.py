@@ -26,6 +26,7 @@ from django.db import InterfaceError, OperationalError, connections
 
 from . import conf, signals, store
 from .api import Queue
+from .exceptions import NotJSONSerializable
 from .liveness import Liveness
 from .models import Consumer, QueueItem
 from .registry import Handler
@@ -214,15 +215,13 @@ class Worker:
         outcome = Outcome(item)
         try:
             result = self.handlers[item.queue](item)
+            check_json(result, f"the result of the {item.queue!r} handler", NotJSONSerializable)
+            outcome.result = result
+        except NotJSONSerializable as exc:
+            outcome.failed(exc, retry=False)  # running it again would return the same
         except BaseException as exc:  # SystemExit or KeyboardInterrupt too: the item's failure
             outcome.failed(exc)
             close_broken_connections(failed_only=True)  # else every later item fails too
-        else:
-            try:
-                check_json(result, f"the result of the {item.queue!r} handler")
-                outcome.result = result
-            except TypeError as exc:
-                outcome.failed(exc, retry=False)  # running it again cannot help
         outcome.duration = time.monotonic() - started
         return outcome
 

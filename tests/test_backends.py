@@ -478,19 +478,14 @@ def test_non_json_return_value_fails_the_task_naming_it(run_consumer, run_once):
     failed = tasks.unserialisable.get_result(result.id)
     assert failed.status == TaskResultStatus.FAILED
     error = failed.errors[0]
-    assert error.exception_class_path == "builtins.TypeError"
+    assert error.exception_class_path == "django_txqueue.exceptions.NotJSONSerializable"
+    assert issubclass(error.exception_class, TypeError)
     assert "return value of task tests.testapp.tasks.unserialisable" in error.traceback
     assert "Object of type object is not JSON serializable" in error.traceback
 
 
 @needs_tasks
 @consumed
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: run_task raises TypeError for a non-JSON return value, which the consumer "
-    "retries like any exception (re-running the task), while a handler's non-JSON result "
-    "fails the item at once because retrying cannot help (README, Running consumers)",
-)
 def test_non_json_return_value_fails_at_once_like_a_handlers(run_consumer):
     result = tasks.unserialisable.enqueue()  # the default 5 attempts
     run_consumer("--burst")

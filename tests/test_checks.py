@@ -30,30 +30,55 @@ def test_unknown_per_queue_key(settings):
 
 
 @pytest.mark.parametrize(
-    "value",
+    ("value", "msg_id", "names"),
     [
-        {"LEASE": 0},
-        {"LEASE": "5"},
-        {"MAX_ATTEMPTS": 1.5},
-        {"CLAIM_STRATEGY": "fastest"},
-        {"DATABASE": "nowhere"},
-        {"QUEUES": []},
-        {"QUEUES": {"sms": {"MAX_SIZE": -1}}},
-        {"QUEUES": {"": {}}},
+        ({"LEASE": 0}, "txqueue.E003", ["TXQUEUE['LEASE'] is 0", "positive number"]),
+        ({"LEASE": "5"}, "txqueue.E003", ["TXQUEUE['LEASE'] is '5'", "positive number"]),
+        ({"MAX_ATTEMPTS": 1.5}, "txqueue.E003", ["TXQUEUE['MAX_ATTEMPTS'] is 1.5", "integer"]),
+        (
+            {"CLAIM_STRATEGY": "fastest"},
+            "txqueue.E003",
+            ["TXQUEUE['CLAIM_STRATEGY'] is 'fastest'", "auto, skip_locked, update_limit"],
+        ),
+        (
+            {"DATABASE": "nowhere"},
+            "txqueue.E003",
+            ["TXQUEUE['DATABASE'] is 'nowhere'", "settings.DATABASES"],
+        ),
+        ({"QUEUES": []}, "txqueue.E003", ["TXQUEUE['QUEUES'] is []", "dict"]),
+        (
+            {"QUEUES": {"sms": {"MAX_SIZE": -1}}},
+            "txqueue.E003",
+            ["TXQUEUE['QUEUES']['sms']['MAX_SIZE'] is -1", "positive integer"],
+        ),
+        (
+            {"QUEUES": {"sms": {"rescue": "never"}}},
+            "txqueue.E003",
+            ["TXQUEUE['QUEUES']['sms']['rescue'] is 'never'", "'retry' or 'fail'"],
+        ),
+        ({"QUEUES": {"": {}}}, "txqueue.E004", ["TXQUEUE['QUEUES']['']", "1 to 100"]),
+        ({"QUEUES": {"sms": 30}}, "txqueue.E004", ["TXQUEUE['QUEUES']['sms']", "dict"]),
     ],
 )
-def test_bad_values_are_errors(settings, value):
-    found = messages(settings, value)
-    assert found and all(msg_id.startswith("txqueue.E") for msg_id, _, _ in found)
+def test_bad_values_are_errors_naming_the_key_and_value(settings, value, msg_id, names):
+    [(found_id, msg, _)] = messages(settings, value)
+    assert found_id == msg_id
+    for name in names:
+        assert name in msg
 
 
 def test_not_a_dict(settings):
-    assert messages(settings, ["LEASE"])[0][0] == "txqueue.E001"
+    [(msg_id, msg, _)] = messages(settings, ["LEASE"])
+    assert msg_id == "txqueue.E001"
+    assert "TXQUEUE must be a dict, not list" in msg
 
 
-def test_fair_and_ordered_are_unknown_until_implemented(settings):
-    found = messages(settings, {"QUEUES": {"t": {"FAIR": True, "ordered": True}}})
-    assert [m[0] for m in found] == ["txqueue.E005", "txqueue.E005"]
+@pytest.mark.parametrize("key", ["FAIR", "ordered"])
+def test_fair_and_ordered_are_unknown_until_implemented(settings, key):
+    [(msg_id, msg, hint)] = messages(settings, {"QUEUES": {"t": {key: True}}})
+    assert msg_id == "txqueue.E005"
+    assert f"TXQUEUE['QUEUES']['t'] has an unknown key {key!r}" in msg
+    assert "LEASE" in hint and "FAIR" not in hint
 
 
 def test_per_queue_overrides_accept_lower_case(settings):
@@ -69,3 +94,4 @@ def test_sqlite_without_immediate_transactions_is_warned(monkeypatch):
     monkeypatch.setitem(connection.settings_dict["OPTIONS"], "transaction_mode", None)
     [warning] = check_sqlite_transactions()
     assert warning.id == "txqueue.W002" and "IMMEDIATE" in warning.hint
+    assert "DATABASES['default']" in warning.msg and "transaction_mode 'NONE'" in warning.msg

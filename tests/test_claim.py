@@ -4,11 +4,14 @@ What happens to an item after its claim (ack, retry, fail, release, rescue, fenc
 lease renewal) is in test_store.py.
 """
 
+import contextlib
 import datetime as dt
 import re
+import threading
+import time
 
 import pytest
-from django.db import NotSupportedError, connection, connections
+from django.db import NotSupportedError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -222,3 +225,99 @@ def test_a_lock_wait_timeout_during_a_claim_is_retried_not_raised():
         holder.join(10)
         with connection.cursor() as cursor:
             cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+
+
+@pytest.mark.skipif(not connection.features.has_select_for_update, reason="no row locks")
+@pytest.mark.django_db(transaction=True)
+class TestHeldRows:
+    """Another transaction holds the first ready row (a competing ``dequeue()``, or a plain
+    ``SELECT ... FOR UPDATE``) while this process claims."""
+
+    @pytest.fixture(autouse=True)
+    def long_lock_waits(self):
+        """A claim that waits for a lock would wait well past the holder's transaction."""
+        statements = {
+            "postgresql": ("SET lock_timeout = '20s'", "RESET lock_timeout"),
+            "mysql": (
+                "SET SESSION innodb_lock_wait_timeout = 20",
+                "SET SESSION innodb_lock_wait_timeout = DEFAULT",
+            ),
+        }[connection.vendor]
+        with connection.cursor() as cursor:
+            cursor.execute(statements[0])
+        yield
+        with connection.cursor() as cursor:
+            cursor.execute(statements[1])
+
+    @contextlib.contextmanager
+    def held(self, how, item, seconds):
+        """Hold ``item``'s row in a transaction on another thread (and connection) until
+        the block ends or ``seconds`` pass; yields the holder's record of what it did."""
+        record = {}
+        holding, release = threading.Event(), threading.Event()
+
+        def hold():
+            try:
+                with transaction.atomic():
+                    if how == "dequeue":
+                        with Queue(item.queue).dequeue() as taken:
+                            assert taken is not None
+                            record["took"] = taken.pk
+                            holding.set()
+                            release.wait(seconds)
+                    else:
+                        QueueItem.objects.select_for_update().get(pk=item.pk)
+                        record["took"] = item.pk
+                        holding.set()
+                        release.wait(seconds)
+                    record["committing"] = time.monotonic()
+            finally:
+                connections.close_all()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert holding.wait(10), "the holder did not get the row"
+            yield record
+        finally:
+            release.set()
+            holder.join(30)
+        assert not holder.is_alive()
+
+    @pytest.mark.skipif(
+        not connection.features.has_select_for_update_skip_locked, reason="no SKIP LOCKED"
+    )
+    @pytest.mark.parametrize("how", ["dequeue", "select_for_update"])
+    def test_a_skip_locked_claim_takes_the_next_row_at_once(self, how):
+        queue = Queue("held")
+        first, second, _ = queue.enqueue_many([{"n": n} for n in range(3)])
+        with self.held(how, first, seconds=6) as holder:
+            started = time.monotonic()
+            claimed = queue.claim(1, strategy="skip_locked", pid="skipper")
+            elapsed = time.monotonic() - started
+            assert "committing" not in holder  # the row was still held when the claim returned
+        assert holder["took"] == first.pk
+        assert [i.pk for i in claimed] == [second.pk]
+        assert elapsed < 1.0, f"the claim waited {elapsed:.1f} s for the held row"
+        stored = QueueItem.objects.get(pk=second.pk)
+        assert (stored.status, stored.pid) == (Status.IN_PROGRESS, "skipper")
+        expected = Status.DONE if how == "dequeue" else Status.READY
+        assert QueueItem.objects.get(pk=first.pk).status == expected
+
+    @pytest.mark.parametrize(("how", "gets"), [("dequeue", 1), ("select_for_update", 0)])
+    def test_an_update_limit_claim_waits_for_the_held_row(self, how, gets):
+        """update_limit waits on the held row; once the holder commits, it takes that row if
+        it is still READY, else reads on to the next one."""
+        queue = Queue("held")
+        items = queue.enqueue_many([{"n": n} for n in range(3)])
+        hold = 1.5
+        with self.held(how, items[0], seconds=hold) as holder:
+            started = time.monotonic()
+            claimed = queue.claim(1, strategy="update_limit", pid="waiter")
+            finished = time.monotonic()
+            assert "committing" in holder  # it returned only after the holder committed
+        assert finished - started >= hold - 0.3
+        assert finished >= holder["committing"]
+        assert [i.pk for i in claimed] == [items[gets].pk]
+        stored = QueueItem.objects.get(pk=items[gets].pk)
+        assert (stored.status, stored.pid, stored.attempts) == (Status.IN_PROGRESS, "waiter", 1)

@@ -310,3 +310,15 @@ class TestRunQueueConsumer:
         assert Queue("echo").count(status=Status.DONE) == 1
         assert QueueItem.objects.get(pk=boom.pk).status == Status.READY
         assert Consumer.objects.get().queues == ["echo"]
+
+
+@pytest.mark.django_db(transaction=True)
+class TestCommand:
+    def test_unknown_queue_is_a_command_error_listing_known_ones(self):
+        with pytest.raises(CommandError, match=r"'nope'.*Known queues: .*boom.*echo"):
+            call_command("run_queue_consumer", "nope", "--burst")
+
+    def test_burst_command_processes_the_named_queue(self):
+        Queue("echo").enqueue_many([{}] * 5)
+        call_command("run_queue_consumer", "echo", "--burst", "--batch", "2", verbosity=0)
+        assert Queue("echo").count(status=Status.DONE) == 5

@@ -410,3 +410,78 @@ def test_now_plus_is_the_database_clock(queue, wait):
     offset = stored.run_at - stored.created_at
     assert dt.timedelta(seconds=wait) <= offset <= dt.timedelta(seconds=wait + 2)
     assert queue.items.ready().exists() is (wait == 0)
+
+
+def ack_many(results, token):
+    return store.ack_many(QueueItem, "default", token, results)
+
+
+class TestBatchAckFencing:
+    """``ack_many``, the consumer's acknowledgement path, is fenced like ``ack()``."""
+
+    def take_over(self, queue, strategy, *items):
+        """Another consumer takes ``items`` over: their leases lapse, a rescue puts them
+        back READY, and a new claim holds them. Returns that new claim's items."""
+        for item in items:
+            expire(item)
+        assert queue.requeue_stuck() == len(items)
+        taken = queue.claim(len(items), strategy=strategy, pid="second")
+        assert sorted(i.pk for i in taken) == sorted(i.pk for i in items)
+        return taken
+
+    def rows(self, items):
+        fields = ("status", "pid", "claim_token", "result", "attempts", "finished_at")
+        return {
+            row["id"]: tuple(row[name] for name in fields)
+            for row in QueueItem.objects.filter(pk__in=[i.pk for i in items]).values("id", *fields)
+        }
+
+    @pytest.mark.parametrize("results", ["values", "none"])
+    def test_a_late_batch_ack_with_the_old_token_changes_nothing(self, queue, strategy, results):
+        queue.enqueue_many([{"n": n} for n in range(3)])
+        old = queue.claim(3, strategy=strategy, pid="first")
+        old_token = old[0].claim_token
+        new = self.take_over(queue, strategy, *old)
+        new_token = new[0].claim_token
+        assert new_token != old_token
+        before = self.rows(old)
+
+        late = {i.pk: ({"late": i.pk} if results == "values" else None) for i in old}
+        assert ack_many(late, old_token) == 0
+
+        assert self.rows(old) == before
+        assert set(before.values()) == {(Status.IN_PROGRESS, "second", new_token, None, 2, None)}
+        # The new holder still acknowledges them.
+        assert ack_many({i.pk: "second" for i in new}, new_token) == 3
+        assert set(queue.items.values_list("status", "result")) == {(Status.DONE, "second")}
+
+    def test_a_partly_taken_over_batch_acks_only_the_rows_still_held(self, queue, strategy):
+        queue.enqueue_many([{"n": n} for n in range(4)])
+        kept, taken, released, also_kept = queue.claim(4, strategy=strategy, pid="first")
+        token = kept.claim_token
+        [retaken] = self.take_over(queue, strategy, taken)
+        assert released.release() is True  # READY again, not held by anyone
+
+        results = {
+            item.pk: {"by": "first", "n": item.payload["n"]}
+            for item in (kept, taken, released, also_kept)
+        }
+        assert ack_many(results, token) == 2
+
+        rows = self.rows([kept, taken, released, also_kept])
+        for item in (kept, also_kept):
+            status, pid, _, result, attempts, finished_at = rows[item.pk]
+            assert (status, pid, result, attempts) == (Status.DONE, "first", results[item.pk], 1)
+            assert finished_at is not None
+        assert rows[taken.pk] == (
+            Status.IN_PROGRESS,
+            "second",
+            retaken.claim_token,
+            None,
+            2,
+            None,
+        )
+        assert rows[released.pk] == (Status.READY, "", None, None, 0, None)
+        # Acknowledging again under the old token changes nothing more.
+        assert ack_many(results, token) == 0
+        assert self.rows([kept, taken, released, also_kept]) == rows

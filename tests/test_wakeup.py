@@ -211,12 +211,6 @@ class TestClose:
         waiter.listener.connection.pgconn.finish()  # gone underneath
         make_waiter.close(waiter)
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="bug: Waiter.interrupt() (so Worker.stop()) after close() writes to a closed "
-        "file descriptor: OSError, or a byte into whatever file reuses the number; "
-        "a second close() raises OSError too",
-    )
     def test_a_late_interrupt_or_close_is_harmless(self, make_waiter, db):
         waiter = make_waiter()
         make_waiter.close(waiter)
