@@ -44,25 +44,25 @@ class Outcome:
 class Settler:
     def __init__(self, using: str) -> None:
         self.using = using
-        self.outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self.outcomes: queue.SimpleQueue[list[Outcome]] = queue.SimpleQueue()
         self.unsettled: list[Outcome] = []
         self.processed = 0
         self.failed = 0
 
-    def put(self, outcome: Outcome) -> None:
-        """Hand over an outcome (from any thread)."""
-        self.outcomes.put(outcome)
+    def put(self, outcomes: list[Outcome]) -> None:
+        """Hand over outcomes (from any thread)."""
+        self.outcomes.put(outcomes)
 
     def wait(self, timeout: float) -> None:
         """Block until an outcome arrives, at most ``timeout`` seconds."""
         with contextlib.suppress(queue.Empty):
-            self.unsettled.append(self.outcomes.get(timeout=timeout))
+            self.unsettled += self.outcomes.get(timeout=timeout)
 
     def settle(self) -> list[Outcome]:
         """Write every outcome received so far; returns those now settled."""
         while True:
             try:
-                self.unsettled.append(self.outcomes.get_nowait())
+                self.unsettled += self.outcomes.get_nowait()
             except queue.Empty:
                 break
         settled: list[Outcome] = []

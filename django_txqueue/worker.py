@@ -206,9 +206,15 @@ class Worker:
         if getattr(self._local, "database_errors", 0) != self._database_errors:
             self._local.database_errors = self._database_errors
             close_broken_connections()
+        outcomes = []
         for item in items:
             if self.in_flight.start(item):  # False: released by a shutdown meanwhile
-                self.settler.put(self._run_handler(item))
+                outcomes.append(self._run_handler(item))
+            if self.stopping.is_set() and outcomes:  # stopping: report each as it ends
+                self.settler.put(outcomes)
+                outcomes = []
+        if outcomes:
+            self.settler.put(outcomes)  # the share at once: one acknowledgement
 
     def _run_handler(self, item: QueueItem) -> Outcome:
         started = time.monotonic()
