@@ -104,7 +104,8 @@ class Liveness:
 
     def _beat(self) -> None:
         processed, failed = self.counters()
-        store.beat(self.consumer, processed=processed, failed=failed)
+        queues = [queue.name for queue in self.queues()]
+        store.beat(self.consumer, processed=processed, failed=failed, queues=queues)
 
     def _renew_leases(self) -> None:
         """Extend the leases of items still being worked on (not those past TIMEOUT)."""

@@ -337,9 +337,12 @@ def register(consumer: Consumer, using: str) -> Consumer:
     return consumer
 
 
-def beat(consumer: Consumer, *, processed: int, failed: int) -> None:
-    """Heartbeat: the consumer is alive (database clock), with its counters."""
-    _consumer_row(consumer).update(last_heartbeat_at=Now(), processed=processed, failed=failed)
+def beat(consumer: Consumer, *, processed: int, failed: int, queues: list[str]) -> None:
+    """Heartbeat: the consumer is alive (database clock), with its counters and the queues
+    it serves now (it may find new ones)."""
+    _consumer_row(consumer).update(
+        last_heartbeat_at=Now(), processed=processed, failed=failed, queues=queues
+    )
 
 
 def stop(consumer: Consumer, *, processed: int, failed: int) -> None:

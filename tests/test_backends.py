@@ -727,7 +727,7 @@ def test_a_running_consumer_finds_new_task_queues_without_a_restart(
 ):
     """The real command with no queue names, in a thread (its signal handlers are left
     out: only the main thread may install them); stopped as a signal would stop it."""
-    settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 0.1}
+    settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 0.1, "HEARTBEAT_INTERVAL": 0.1}
     monkeypatch.setattr("django_txqueue.worker.DISCOVERY_INTERVAL", 0.1)
     workers, errors = [], []
 
@@ -761,6 +761,10 @@ def test_a_running_consumer_finds_new_task_queues_without_a_restart(
         assert wait_for(lambda: item_of(first).status == Status.DONE, 10)
         second = tasks.shout.using(queue_name="newer-still").enqueue("hi")
         assert wait_for(lambda: item_of(second).status == Status.DONE, 10)
+        # The Consumer row names the queues found, so producers' wake-ups reach it.
+        assert wait_for(
+            lambda: {"brand-new", "newer-still"} <= set(Consumer.objects.get().queues), 5
+        )
         time.sleep(0.3)  # a few more discovery rounds: the plain item stays alone
     finally:
         for worker in workers:

@@ -374,10 +374,11 @@ class TestConsumerRows:
         )
         assert Consumer.objects.dead().filter(pk=consumer.pk).exists()
 
-        store.beat(consumer, processed=5, failed=2)
+        store.beat(consumer, processed=5, failed=2, queues=["a", "found-later"])
 
         stored = Consumer.objects.get(pk=consumer.pk)
         assert (stored.processed, stored.failed) == (5, 2)
+        assert stored.queues == ["a", "found-later"]
         assert Consumer.objects.alive().filter(pk=consumer.pk).exists()
         queue.enqueue({})
         [item] = queue.claim(pid=consumer.identity, lease=600)
