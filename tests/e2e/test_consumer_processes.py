@@ -17,6 +17,7 @@ from django.db.models import Count
 
 from django_txqueue import Queue, Status
 from django_txqueue.models import Consumer, QueueItem
+from tests import helpers
 from tests.helpers import ROOT, child_env
 from tests.testapp.models import Run
 
@@ -91,14 +92,10 @@ def stderr_of(*procs):
 
 def wait_for(condition, timeout, what, procs=()):
     """Poll ``condition`` until it returns something truthy (returned), or fail."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}\n{stderr_of(*procs)}")
-        time.sleep(0.05)
+    value = helpers.wait_for(condition, timeout, interval=0.05)
+    if not value:
+        pytest.fail(f"timed out after {timeout} s waiting for {what}\n{stderr_of(*procs)}")
+    return value
 
 
 def exit_code(proc, timeout):
