@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .api import Queue, enqueue, enqueue_many
     from .exceptions import QueueFull
     from .models import Consumer, QueueItem, QueueModel, Status
+    from .outbox import on_commit
     from .registry import handler
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "handler",
+    "on_commit",
 ]
 
 _HOMES = {
@@ -37,6 +39,7 @@ _HOMES = {
     "QueueModel": "models",
     "Status": "models",
     "handler": "registry",
+    "on_commit": "outbox",
 }
 
 

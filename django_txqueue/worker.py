@@ -24,7 +24,7 @@ from typing import Any
 from django.db import Error as DatabaseError
 from django.db import InterfaceError, OperationalError, connections
 
-from . import conf, signals, store
+from . import conf, outbox, signals, store
 from .api import Queue
 from .exceptions import NotJSONSerializable
 from .liveness import Liveness
@@ -57,7 +57,8 @@ class Worker:
     """Consume ``handlers``' queues from database ``using`` until stopped (or drained).
 
     ``discover``, if given, is asked for a handler for each queue with ready items
-    that has none yet (None: not ours), every few seconds.
+    that has none yet (None: not ours), every few seconds. Every worker also runs the
+    ``on_commit`` calls whose committing process did not (``outbox``).
     """
 
     def __init__(
@@ -74,7 +75,7 @@ class Worker:
         progress_interval: float = 5.0,
         discover: Callable[[str], Handler | None] | None = None,
     ) -> None:
-        self.handlers = dict(handlers)
+        self.handlers = {**handlers, outbox.QUEUE: outbox.run_call}
         self.using = using
         self.batch = batch or concurrency
         self.strategy = strategy
@@ -90,7 +91,8 @@ class Worker:
         self.identity = store.new_identity()
         self.stopping = threading.Event()
         self.queues = {name: Queue(name, using=using) for name in self.handlers}
-        self.waiter = Waiter(using, list(self.queues))
+        # Not woken for on_commit calls: their committing process runs them.
+        self.waiter = Waiter(using, [name for name in self.queues if name != outbox.QUEUE])
         self.settler = Settler(using)
         self.in_flight = InFlight()
         self.threads = HandlerThreads(concurrency, self._run_handlers)
@@ -114,6 +116,7 @@ class Worker:
         self._idle_wait = FIRST_IDLE_WAIT
         self._error_backoff = 0.0
         self._next_discovery = 0.0
+        self._next_outbox = 0.0
         self._last_report = (time.monotonic(), 0)
         # Database errors met by any thread. A restarted server has dropped every
         # connection, the handler threads' idle ones too: a thread that sees this count
@@ -179,17 +182,28 @@ class Worker:
         return True
 
     def _claim(self, limit: int) -> list[QueueItem]:
-        """Claim from the queues in turn, so that a busy queue cannot starve the others."""
-        names = list(self.queues)
+        """Claim from the queues in turn, so that a busy queue cannot starve the others.
+
+        Orphaned on_commit calls are looked for at start, whenever the other queues are
+        idle, and at least every POLL_INTERVAL: not on every turn of a busy loop.
+        """
+        outbox_due = time.monotonic() >= self._next_outbox
+        if outbox_due and (items := self._claim_from(outbox.QUEUE, limit)):
+            return items
+        names = [name for name in self.queues if name != outbox.QUEUE]
         for offset in range(len(names)):
-            name = names[(self._next_queue + offset) % len(names)]
-            items = self.queues[name].claim(
-                limit, pid=self.identity, strategy=self.strategy, lease=self.lease
-            )
-            if items:
-                self._next_queue = (self._next_queue + offset + 1) % len(names)
+            position = (self._next_queue + offset) % len(names)
+            if items := self._claim_from(names[position], limit):
+                self._next_queue = (position + 1) % len(names)
                 return items
-        return []
+        return [] if outbox_due else self._claim_from(outbox.QUEUE, limit)
+
+    def _claim_from(self, name: str, limit: int) -> list[QueueItem]:
+        if name == outbox.QUEUE:
+            self._next_outbox = time.monotonic() + conf.get("POLL_INTERVAL")
+        return self.queues[name].claim(
+            limit, pid=self.identity, strategy=self.strategy, lease=self.lease
+        )
 
     def _dispatch(self, items: list[QueueItem]) -> None:
         """Hand the items to the handler threads, in one share per thread, so that a

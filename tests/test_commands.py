@@ -298,7 +298,7 @@ class TestRunQueueConsumer:
         results = [QueueItem.objects.get(pk=int(r.id)).result for r in task_items]
         assert results == ([3, "HI"] if task_items else [])
         consumer = Consumer.objects.get()
-        assert consumer.queues == sorted(registry.handlers())
+        assert consumer.queues == [*sorted(registry.handlers()), "django_txqueue.on_commit"]
         assert {"echo", "noop", "default", "tasks-other"} <= set(consumer.queues)
         assert consumer.stopped_at is not None and consumer.processed == 4 + len(task_items)
 
@@ -309,7 +309,7 @@ class TestRunQueueConsumer:
         run_consumer("echo", "--burst")
         assert Queue("echo").count(status=Status.DONE) == 1
         assert QueueItem.objects.get(pk=boom.pk).status == Status.READY
-        assert Consumer.objects.get().queues == ["echo"]
+        assert Consumer.objects.get().queues == ["echo", "django_txqueue.on_commit"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -88,7 +88,7 @@ class TestBurst:
         worker = worker_for("echo", burst=True)
         worker.run()
         consumer = Consumer.objects.get(identity=worker.identity)
-        assert consumer.queues == ["echo"]
+        assert consumer.queues == ["echo", "django_txqueue.on_commit"]
         assert consumer.stopped_at is not None and consumer.processed == 3
         assert set(QueueItem.objects.values_list("pid", flat=True)) == {worker.identity}
 
