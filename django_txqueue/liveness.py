@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 # After a failed tick (the database is away), try again this soon.
 RETRY_PAUSE = 0.5
+# A claim of ours older than this that we do not hold lost its answer on the way back.
+LOST_CLAIM_AGE = timedelta(seconds=10)
 
 # (item, monotonic time its handler started or None) for each item in flight.
 Held = Callable[[], Iterable[tuple[QueueItem, "float | None"]]]
@@ -123,3 +125,9 @@ class Liveness:
         rescued = sum(queue.requeue_stuck() for queue in self.queues())
         if rescued:
             logger.warning("rescued %d stuck items", rescued)
+        held = [item.pk for item, _ in self.held()]
+        lost = store.release_lost(
+            QueueItem, self.using, self.consumer.identity, held, LOST_CLAIM_AGE
+        )
+        if lost:
+            logger.warning("released %d items claimed by a claim whose answer was lost", lost)

@@ -14,7 +14,7 @@ import random
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -307,6 +307,21 @@ def rescue(stuck: QuerySet[Any], *, fail: bool = False) -> int:
             default=F("error_class"),
             output_field=models.CharField(),
         ),
+    )
+
+
+def release_lost(
+    model: type[Model], alias: str, pid: str, held: Iterable[Any], claimed_before: timedelta
+) -> int:
+    """Put back READY, attempt not counted, the items ``pid`` claimed over
+    ``claimed_before`` ago and does not hold: claims whose answer never reached it (the
+    connection broke after the server committed). Without this they would wait out a
+    whole lease under a consumer that is alive and renewing nothing for them."""
+    return (
+        model._base_manager.using(alias)
+        .filter(status=Status.IN_PROGRESS, pid=pid, claimed_at__lt=Now() - claimed_before)
+        .exclude(pk__in=list(held))
+        .update(status=Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
     )
 
 

@@ -486,3 +486,31 @@ class TestBatchAckFencing:
         # Acknowledging again under the old token changes nothing more.
         assert ack_many(results, token) == 0
         assert self.rows([kept, taken, released, also_kept]) == rows
+
+
+class TestReleaseLost:
+    """A claim whose answer never reached its consumer: released, attempt not counted."""
+
+    def test_only_old_claims_of_this_pid_that_it_does_not_hold(self, queue, strategy):
+        queue.enqueue_many([{"n": n} for n in range(4)])
+        lost, held, recent = queue.claim(3, strategy=strategy, pid="me")
+        [other] = queue.claim(1, strategy=strategy, pid="someone else")
+        QueueItem.objects.filter(pk__in=[lost.pk, held.pk, other.pk]).update(
+            claimed_at=timezone.now() - dt.timedelta(seconds=30)
+        )
+
+        released = store.release_lost(
+            QueueItem, "default", "me", [held.pk], dt.timedelta(seconds=10)
+        )
+
+        assert released == 1
+        rows = dict(QueueItem.objects.values_list("pk", "status"))
+        assert rows == {
+            lost.pk: Status.READY,
+            held.pk: Status.IN_PROGRESS,
+            recent.pk: Status.IN_PROGRESS,
+            other.pk: Status.IN_PROGRESS,
+        }
+        again = QueueItem.objects.get(pk=lost.pk)
+        assert (again.attempts, again.pid, again.claim_token) == (0, "", None)
+        assert lost.ack() is False  # the lost claim is fenced off
