@@ -189,6 +189,8 @@ class Queue:
         statement = self._claims.get(limit)
         if statement is None:
             statement = self._claims[limit] = ClaimStatement(self.items, limit)
+        if lease is None:
+            lease = conf.lease(self.name)  # one queue: no per-row CASE in the claim
         return store.claim(statement, pid=pid, strategy=strategy, lease=lease)
 
     @contextmanager

@@ -16,7 +16,6 @@ from django.db.models import Case, F, Q, When
 from django.db.models.functions import Now
 
 from . import conf, store
-from .db import dialect_for
 from .db.compiler import ClaimStatement
 from .status import Status
 from .validation import MAX_QUEUE_NAME
@@ -192,7 +191,8 @@ class QueueItemQuerySet(QueueQuerySet["QueueItem"]):
 
     def ready_queue_names(self) -> list[str]:
         """The names of the queues that have READY items, read from the index."""
-        return dialect_for(self.db).ready_queue_names(self.filter(status=Status.READY))
+        names = self.filter(status=Status.READY).order_by("queue").values_list("queue", flat=True)
+        return list(names.distinct())
 
     def requeue_stuck(self, *, fail: bool = False) -> int:
         """Stuck items go back to READY, or FAILED when their attempts are spent.

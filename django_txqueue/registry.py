@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from django.utils.module_loading import autodiscover_modules
 
-from .backends import find_task_queue, task_handlers
+from .backends import task_handlers
 from .validation import validate_queue_name
 
 Handler = Callable[[Any], Any]
@@ -51,11 +51,6 @@ def autodiscover() -> None:
 def handlers() -> dict[str, Handler]:
     """Queue name to handler: registered handlers plus the Django Tasks queues."""
     return {**task_handlers(), **_handlers}
-
-
-def find_handler(queue: str) -> Handler | None:
-    """A handler for a queue nobody named: Django Tasks whose backend takes any queue name."""
-    return find_task_queue(queue)
 
 
 def unregister(queue: str) -> None:

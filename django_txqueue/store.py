@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import IntegrityError, OperationalError, connections, models, transaction
 from django.db.models import Case, F, Q, Value, When
@@ -24,7 +24,7 @@ from django.db.models.functions import Now
 
 from . import conf
 from . import retry as backoff
-from .db.compiler import ClaimStatement, ClaimValues, ack_sql, sort_items
+from .db.compiler import ClaimStatement, ClaimValues, ack_sql, has_field, sort_items
 from .status import FINISHED, Status
 from .validation import check_json, to_timedelta, validate_pid
 
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     from django.db.models import Model, QuerySet
 
     from .models import Consumer, QueueItem, QueueModel
-
-T = TypeVar("T")
 
 # A deadlock or lock-wait timeout (MySQL), or a busy SQLite file past its timeout, is
 # retried this many times with a short jittered pause before it reaches the caller.
@@ -147,7 +145,7 @@ def claim(
     return sort_items(items, statement.order)
 
 
-def _retrying_lock_conflicts(run: Callable[[], T], statement: ClaimStatement) -> T:
+def _retrying_lock_conflicts(run: Callable[[], list[Any]], statement: ClaimStatement) -> list[Any]:
     """Run ``run``, retrying the vendor's transient lock errors with a short jittered pause.
 
     Inside the caller's transaction the failed statement may have rolled the whole
@@ -170,14 +168,14 @@ def _retrying_lock_conflicts(run: Callable[[], T], statement: ClaimStatement) ->
 def ack(item: QueueModel, result: Any = None) -> bool:
     """Mark the item DONE (with ``result`` where the model keeps one), if this claim
     still holds it."""
-    if _has_field(type(item), "result"):
+    if has_field(type(item), "result"):
         check_json(result, "result")
     if item.claim_token is None or item.status != Status.IN_PROGRESS:
         return False
     if not ack_many(type(item), item._state.db or "default", item.claim_token, {item.pk: result}):
         return False
     item.status, item.lease_expires_at = Status.DONE, None
-    if _has_field(type(item), "result"):
+    if has_field(type(item), "result"):
         item.result = result  # type: ignore[attr-defined]
         item.__dict__.pop("finished_at", None)  # set by the database clock: load on access
     return True
@@ -230,7 +228,7 @@ def retry(
 
 def fail(item: QueueModel, error: str | None = None, *, error_class: str = "") -> bool:
     """Mark the item FAILED (keeping ``error`` where the model has room for it)."""
-    if not _has_field(type(item), "last_error"):
+    if not has_field(type(item), "last_error"):
         return _settle(item, status=Status.FAILED, lease_expires_at=None)
     return _settle(
         item,
@@ -287,7 +285,7 @@ def rescue(stuck: QuerySet[Any], *, fail: bool = False) -> int:
     ``fail=True`` fails them all at once, for work that must never run twice. A model
     without ``max_attempts`` (a plain QueueModel) always goes back to READY.
     """
-    if not _has_field(stuck.model, "max_attempts"):
+    if not has_field(stuck.model, "max_attempts"):
         return stuck.update(**UNCLAIMED, status=Status.READY)
     failing = Q(pk__isnull=False) if fail else Q(attempts__gte=F("max_attempts"))
     reason = "stuck: lease expired or consumer died" + ("" if fail else ", attempts spent")
@@ -387,7 +385,3 @@ def defer_computed(instance: Model) -> None:
     for field in instance._meta.concrete_fields:
         if hasattr(instance.__dict__.get(field.attname), "resolve_expression"):
             del instance.__dict__[field.attname]
-
-
-def _has_field(model: type[Model], name: str) -> bool:
-    return any(field.name == name for field in model._meta.concrete_fields)

@@ -40,7 +40,7 @@ from django_txqueue.backends import (
 )
 from django_txqueue.management.commands import run_queue_consumer
 from django_txqueue.models import Consumer, QueueItem
-from django_txqueue.registry import find_handler, handlers
+from django_txqueue.registry import handlers
 from django_txqueue.worker import Worker
 
 from .helpers import ROOT, child_env, expire, wait_for
@@ -681,7 +681,7 @@ def test_listed_queues_take_no_other_name(db):
     assert any_task_queue() is False
     enqueue("unlisted", {"task": "tests.testapp.tasks.add", "args": [1, 2], "kwargs": {}})
     assert find_task_queue("unlisted") is None
-    assert find_handler("unlisted") is None
+    assert find_task_queue("unlisted") is None
 
 
 @needs_tasks
@@ -692,9 +692,9 @@ def test_any_queue_name_finds_task_queues_by_their_next_item(any_queue, db):
     tasks.add.using(queue_name="brand-new").enqueue(1, 2)
     enqueue("plain", {"not": "a task"})
     assert find_task_queue("brand-new") is run_task
-    assert find_handler("brand-new") is run_task
+    assert find_task_queue("brand-new") is run_task
     assert find_task_queue("plain") is None
-    assert find_handler("plain") is None
+    assert find_task_queue("plain") is None
 
 
 @needs_tasks

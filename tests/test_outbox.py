@@ -4,15 +4,17 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 from django.db import transaction
 
-from django_txqueue import Status, on_commit
+from django_txqueue import Queue, Status, on_commit, registry
 from django_txqueue.models import QueueItem
 from django_txqueue.outbox import QUEUE
-from tests.helpers import ROOT, child_env
+from django_txqueue.worker import Worker
+from tests.helpers import ROOT, child_env, wait_for
 from tests.testapp import calls
 from tests.testapp.models import Run
 
@@ -89,6 +91,31 @@ class TestInTheCommittingProcess:
 class Booking:
     def confirm(self):
         pass
+
+
+class TestBusyConsumers:
+    def test_a_busy_consumer_runs_an_orphaned_call_within_poll_interval(self, settings):
+        """Not only at start or when idle: a consumer busy with another queue looks for
+        orphaned calls at least every POLL_INTERVAL. It is never woken for them."""
+        settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 0.2}
+        Queue("slow").enqueue_many([{"seconds": 0.05}] * 80)  # 4 s of work, one at a time
+        registry.autodiscover()
+        worker = Worker(handlers={"slow": registry.handlers()["slow"]}, burst=True)
+        assert QUEUE not in worker.waiter.queues
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        try:
+            assert wait_for(lambda: Run.objects.count() >= 3)  # busy
+            QueueItem.objects.create(  # a call whose committing process died
+                queue=QUEUE,
+                payload={"func": "tests.testapp.calls.record", "args": ["orphan"], "kwargs": {}},
+            )
+            assert wait_for(lambda: runs("orphan"), timeout=5)
+            assert Queue("slow").count() > 0  # it ran while the other queue was still busy
+        finally:
+            worker.stop()
+            thread.join(10)
+        assert not thread.is_alive()
 
 
 class TestBadCalls:

@@ -92,11 +92,6 @@ class Dialect:
         """Rows ``queryset`` would return, estimated without a scan where possible."""
         return queryset.count()
 
-    def ready_queue_names(self, ready: QuerySet[Any]) -> list[str]:
-        """The distinct queue names of ``ready`` (READY rows), in order."""
-        names = ready.order_by("queue").values_list("queue", flat=True).distinct()
-        return list(names)
-
     def listen(self, alias: str) -> Listener | None:
         """A listener for new-work announcements, or None where the database has none."""
         return None

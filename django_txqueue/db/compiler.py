@@ -34,6 +34,12 @@ def quoted_column(connection: BaseDatabaseWrapper, model: type[Any], name: str) 
     return connection.ops.quote_name(str(field.column))
 
 
+def has_field(model: type[Any], name: str) -> bool:
+    """Whether ``model`` has a concrete field ``name`` (a plain QueueModel lacks QueueItem's
+    queue, result, last_error...)."""
+    return any(field.name == name for field in model._meta.concrete_fields)
+
+
 def claim_order(queryset: QuerySet[Any]) -> tuple[Any, ...]:
     """The queryset's explicit ``order_by``, else Meta.ordering, else ``claim_order``."""
     if queryset.query.order_by:
@@ -183,7 +189,7 @@ class ClaimStatement:
 
     @cached_property
     def has_queues(self) -> bool:
-        return any(field.name == "queue" for field in self.fields)
+        return has_field(self.model, "queue")
 
     def fetch(self, sql: str, params: list[Any]) -> list[Any]:
         """Run a statement that returns whole rows (``columns()``) and load them."""
@@ -253,7 +259,7 @@ def ack_sql(model: type[Model], connection: BaseDatabaseWrapper, size: int, resu
     key = (model, connection.vendor, size, results)
     if key not in _ack_sql:
         names = ["pk", "status", "lease_expires_at", "claim_token"]
-        if any(field.name == "result" for field in model._meta.concrete_fields):
+        if has_field(model, "result"):
             names += ["result", "finished_at"]
         columns = {name: quoted_column(connection, model, name) for name in names}
         table = connection.ops.quote_name(model._meta.db_table)

@@ -143,13 +143,15 @@ def test_two_burst_consumers_process_every_item_exactly_once(consumers):
     assert sum(row.processed for row in rows) == 300
 
 
-def test_sigterm_finishes_running_items_releases_the_rest_and_exits_0(consumers):
+# SIGHUP too: a closed terminal, or a supervisor passing it on.
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_finishes_running_items_releases_the_rest_and_exits_0(consumers, signum):
     Queue("slow").enqueue_many([{"seconds": 0.3}] * 20)
     ids = item_ids("slow")
     proc = consumers("slow", "--concurrency", "2", "--batch", "4")
     wait_for(lambda: Run.objects.count() >= 3, START_TIMEOUT, "three runs", [proc])
 
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
 
     assert exit_code(proc, SHUTDOWN_TIMEOUT) == 0, stderr_of(proc)
     me = Consumer.objects.get(os_pid=proc.pid)
@@ -329,22 +331,6 @@ def test_a_second_sigterm_stops_at_once_leaving_items_for_rescue(consumers, sett
     held = QueueItem.objects.filter(pid=me.identity, status=Status.IN_PROGRESS)
     assert held.count() == 2  # not acknowledged, not released: stuck once it is silent
     wait_for(lambda: Queue("slow").items.stuck().count() == 2, 10, "the items to become stuck")
-
-
-def test_sighup_stops_a_consumer_gracefully_like_sigterm(consumers):
-    """A consumer whose terminal closes (or whose supervisor passes SIGHUP on) stops cleanly."""
-    Queue("slow").enqueue_many([{"seconds": 0.3}] * 10)
-    proc = consumers("slow", "--concurrency", "2", "--batch", "4")
-    wait_for(lambda: Run.objects.count() >= 2, START_TIMEOUT, "two runs", [proc])
-
-    proc.send_signal(signal.SIGHUP)
-
-    assert exit_code(proc, SHUTDOWN_TIMEOUT) == 0, stderr_of(proc)
-    me = Consumer.objects.get(os_pid=proc.pid)
-    assert me.stopped_at is not None
-    assert not QueueItem.objects.filter(status=Status.IN_PROGRESS).exists()
-    assert set(runs_per_item().values()) == {1}
-    assert Queue("slow").count(status=Status.DONE) == len(runs_per_item())
 
 
 def test_shutdown_timeout_holds_with_one_handler_thread(consumers):

@@ -96,9 +96,14 @@ def child_env(server: Server, settings: dict | None = None) -> dict[str, str]:
 
 
 def django(server: Server, *args: str) -> str:
+    return run_django(child_env(server), *args)
+
+
+def run_django(env: dict[str, str], *args: str) -> str:
+    """``python -m django ARGS`` in a child process with ``env``; its output."""
     done = subprocess.run(
         [sys.executable, "-m", "django", *args],
-        env=child_env(server),
+        env=env,
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -132,6 +132,17 @@ def wait_for_tries(running: Consumer, n: int) -> None:
     wait_for(lambda: len(running.tries()) >= n, 30, f"{n} failed tries logged", running)
 
 
+def assert_drained_after_waiting(running: Consumer, up: float) -> str:
+    """A --burst consumer that waited (three tries at least), started promptly once the
+    database was back at ``up``, and exited 0. Returns its log."""
+    code = running.process.wait(timeout=30)
+    output = running.output()
+    assert code == 0, output
+    tries = assert_waited(running, 3)
+    assert_started_promptly(running, tries, up)
+    return output
+
+
 def assert_started_promptly(
     running: Consumer, tries: list[tuple[float, float]], up: float
 ) -> None:
@@ -154,11 +165,7 @@ def test_burst_consumer_started_while_database_down_waits_then_drains(fresh, sta
     running.assert_alive()
     server.start()
     up = time.time()
-    code = running.process.wait(timeout=30)
-    output = running.output()
-    assert code == 0, output
-    tries = assert_waited(running, 3)
-    assert_started_promptly(running, tries, up)
+    output = assert_drained_after_waiting(running, up)
     assert counts(server, "echo") == {DONE: ITEMS}, output
     assert "stopped" in output.splitlines()[-1], output
 
@@ -235,16 +242,7 @@ def sqlite_env(path: Path) -> dict[str, str]:
 
 
 def sqlite_django(path: Path, *args: str) -> None:
-    done = subprocess.run(  # noqa: S603 - our own command line
-        [sys.executable, "-m", "django", *args],
-        env=sqlite_env(path),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"django {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    restart.run_django(sqlite_env(path), *args)
 
 
 def test_sqlite_consumer_waits_for_its_database_file(tmp_path, start):
@@ -266,11 +264,7 @@ def test_sqlite_consumer_waits_for_its_database_file(tmp_path, start):
     running.assert_alive()
     ready.rename(mounted)  # the whole database appears at once
     up = time.time()
-    code = running.process.wait(timeout=30)
-    output = running.output()
-    assert code == 0, output
-    tries = assert_waited(running, 3)
-    assert_started_promptly(running, tries, up)
+    output = assert_drained_after_waiting(running, up)
     with contextlib.closing(sqlite3.connect(mounted / "db.sqlite3")) as connection:
         rows = connection.execute(
             "SELECT status, COUNT(*) FROM django_txqueue_queueitem GROUP BY status"

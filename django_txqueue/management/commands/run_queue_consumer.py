@@ -14,7 +14,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf, registry
-from ...backends import any_task_queue
+from ...backends import any_task_queue, find_task_queue
 from ...startup import wait_for_database
 from ...supervisor import Supervisor, child_argv
 from ...worker import Progress, Worker
@@ -74,7 +74,7 @@ class Command(BaseCommand):
         names: list[str] = options["queues"] or sorted(known)
         unknown = [name for name in names if name not in known]
         # With no names, Tasks of a backend that takes any queue name are found as they come.
-        discover = None if options["queues"] else registry.find_handler
+        discover = None if options["queues"] else find_task_queue
         if unknown or not (names or any_task_queue()):
             problem = (
                 f"No handler for queue {', '.join(map(repr, unknown))}."
