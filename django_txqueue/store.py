@@ -329,15 +329,24 @@ def purge(items: QuerySet[Any], older_than: timedelta) -> int:
     Each batch is its own short statement, so a purge of millions of rows never holds
     locks for long. Returns how many were deleted.
     """
-    finished = items.filter(status__in=FINISHED, finished_at__lt=Now() - older_than)
+    return delete_in_batches(items.filter(status__in=FINISHED, finished_at__lt=Now() - older_than))
+
+
+def purge_effects(effects: QuerySet[Any], older_than: timedelta) -> int:
+    """Delete ``once`` records made over ``older_than`` ago, in small batches."""
+    return delete_in_batches(effects.filter(recorded_at__lt=Now() - older_than))
+
+
+def delete_in_batches(rows: QuerySet[Any]) -> int:
+    """Delete ``rows`` a batch of PURGE_BATCH primary keys at a time; how many were deleted."""
     deleted, after = 0, 0
     while True:
         batch = list(
-            finished.filter(pk__gt=after).order_by("pk").values_list("pk", flat=True)[:PURGE_BATCH]
+            rows.filter(pk__gt=after).order_by("pk").values_list("pk", flat=True)[:PURGE_BATCH]
         )
         if not batch:
             return deleted
-        deleted += int(finished.filter(pk__in=batch).delete()[0])
+        deleted += int(rows.filter(pk__in=batch).delete()[0])
         after = batch[-1]
 
 

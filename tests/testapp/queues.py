@@ -2,8 +2,10 @@
 
 import time
 
+from django_txqueue import once
 from django_txqueue.registry import handler
 
+from . import gateway
 from .models import Run
 
 
@@ -45,3 +47,15 @@ def exits(item):
 @handler("interrupts")
 def interrupts(item):
     raise KeyboardInterrupt
+
+
+@handler("sms")
+def send_sms(item):
+    """Send once per booking, however often the item (or another for the booking) runs.
+    The Run row is the effect's bookkeeping, written in the record's transaction."""
+    booking = item.payload["booking"]
+    with once(f"sms:booking:{booking}") as first:
+        if first:
+            gateway.send(item.payload["to"], f"Booking {booking} confirmed")
+            Run.objects.create(item_id=booking, consumer="sms")
+        time.sleep(item.payload.get("linger", 0))  # hold the transaction open (races)
