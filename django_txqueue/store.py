@@ -174,11 +174,16 @@ def ack(item: QueueModel, result: Any = None) -> bool:
         return False
     if not ack_many(type(item), item._state.db or "default", item.claim_token, {item.pk: result}):
         return False
+    mark_done(item, result)
+    return True
+
+
+def mark_done(item: QueueModel, result: Any = None) -> None:
+    """Bring an acknowledged item's fields in line with its row."""
     item.status, item.lease_expires_at = Status.DONE, None
     if has_field(type(item), "result"):
         item.result = result  # type: ignore[attr-defined]
         item.__dict__.pop("finished_at", None)  # set by the database clock: load on access
-    return True
 
 
 def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any, Any]) -> int:

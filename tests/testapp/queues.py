@@ -59,3 +59,20 @@ def send_sms(item):
             gateway.send(item.payload["to"], f"Booking {booking} confirmed")
             Run.objects.create(item_id=booking, consumer="sms")
         time.sleep(item.payload.get("linger", 0))  # hold the transaction open (races)
+
+
+@handler("atomic", atomic=True)
+def record_atomically(item):
+    """Its effect, a Run row, commits with the item's acknowledgement or not at all.
+
+    Payload options: ``entered`` (a file created once the row is written, uncommitted),
+    ``seconds`` (a pause after that), ``fail`` (raise), ``result`` (returned)."""
+    Run.objects.create(item_id=item.pk, consumer=item.pid)
+    options = item.payload if isinstance(item.payload, dict) else {}
+    if "entered" in options:
+        with open(options["entered"], "w"):
+            pass
+    time.sleep(options.get("seconds", 0))
+    if options.get("fail"):
+        raise ValueError("the atomic handler failed")
+    return options.get("result", "recorded")
