@@ -79,7 +79,7 @@ def booking_attempts(seats, races):
     """One attempt per seat, plus a second one for ``races`` random seats: those two run
     side by side, and the database lets one of them win."""
     attempts = []
-    contested = set(random.sample(range(1, seats + 1), min(races, seats)))
+    contested = set(random.sample(range(1, seats + 1), races))
     for seat in range(1, seats + 1):
         contenders = 2 if seat in contested else 1
         attempts += [Attempt(seat, f"+4470{seat:04d}{n:03d}") for n in range(contenders)]

@@ -71,8 +71,10 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def handle(self, *args, **options):
-        if options["seats"] < 1 or options["parallel"] < 1 or options["consumers"] < 1:
+        if min(options["seats"], options["parallel"], options["consumers"]) < 1:
             raise CommandError("--seats, --parallel and --consumers must be at least 1.")
+        if (options["races"] or 0) < 0 or options["delay"] < 0 or options["timeout"] <= 0:
+            raise CommandError("--races and --delay must be 0 or more, --timeout more than 0.")
         started = time.monotonic()
         workdir = Path(tempfile.mkdtemp(prefix="cinema-demo-"))
         consumers = None
@@ -89,7 +91,7 @@ class Command(BaseCommand):
                 consumers.stop_all(timeout=15)  # after an error: stopped already otherwise
             connection.close()
             if options["keep"]:
-                self.say(f"Kept the demo's files in {workdir}")
+                self.say(f"Kept the demo's files (databases, consumer logs) in {workdir}")
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
         self.summarise(outcome, time.monotonic() - started)
@@ -128,13 +130,15 @@ class Command(BaseCommand):
         pids = ", ".join(str(proc.pid) for proc in consumers.running)
         self.say(f"Consumers: {options['consumers']} x run_queue_consumer sms (pids {pids}).")
 
-        races = options["races"] if options["races"] is not None else options["seats"] // 4
-        attempts = demo.booking_attempts(options["seats"], races)
+        seats = options["seats"]
+        races = min(seats, options["races"] if options["races"] is not None else seats // 4)
+        attempts = demo.booking_attempts(seats, races)
+        parallel = min(options["parallel"], len(attempts))
         self.say(
-            f"Booking {options['seats']} seats: {len(attempts)} `manage.py book` processes, "
-            f"{options['parallel']} at a time; {races} seats have two contenders."
+            f"Booking {seats} seats: {len(attempts)} `manage.py book` processes, {parallel} "
+            f"at a time; {races} of the seats wanted by two processes at once."
         )
-        futures = demo.start_bookings(attempts, env, options["parallel"])
+        futures = demo.start_bookings(attempts, env, parallel)
         waited = self.wait(consumers, futures, options)
 
         codes = consumers.stop_all(timeout=15)
@@ -149,19 +153,19 @@ class Command(BaseCommand):
         deadline = time.monotonic() + options["timeout"]
         gateway = demo.Gateway(consumers.workdir / "gateway.sqlite3")
         crash_pending = options["crash"]
-        booked = False
-        while time.monotonic() < deadline:
+        booked = done = False
+        while not done and time.monotonic() < deadline:
             if not booked and all(future.done() for future in futures):
                 booked = True
                 self.say("Bookings done; waiting for the SMS...")
-            if booked and not demo.unfinished_sms().exists():
-                return True
-            if crash_pending:
+            done = booked and not demo.unfinished_sms().exists()
+            if crash_pending and not done:
                 crash_pending = not self.crash_one(consumers, gateway)
-            time.sleep(0.02 if crash_pending else 0.1)
+            if not done:
+                time.sleep(0.02 if crash_pending else 0.1)
         if crash_pending:
-            self.say("No consumer was caught sending an SMS: none was killed.")
-        return False
+            self.say("No consumer was caught between a delivery and its record: none killed.")
+        return done
 
     def crash_one(self, consumers, gateway):
         """SIGKILL a consumer caught between the gateway's delivery of an SMS and the
