@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
@@ -25,7 +26,6 @@ from .gateway import Gateway
 from .models import Booking
 
 MANAGE = settings.BASE_DIR / "manage.py"
-SQLITE = "django.db.backends.sqlite3"
 
 
 def manage(*args):
@@ -43,8 +43,7 @@ def use_sqlite_file(path):
 
 
 def describe_database():
-    vendor = connection.vendor
-    return f"{vendor} database {connection.settings_dict['NAME']!s}"
+    return f"{connection.display_name} database {connection.settings_dict['NAME']!s}"
 
 
 def migrate():
@@ -117,7 +116,7 @@ class Consumers:
     """``run_queue_consumer sms`` processes, their output in files of ``workdir``."""
 
     env: dict
-    workdir: object
+    workdir: Path
     running: list = field(default_factory=list)
     stopped: list = field(default_factory=list)
 
