@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .api import Queue, enqueue, enqueue_many
+    from .effects import once
     from .exceptions import QueueFull
     from .models import Consumer, QueueItem, QueueModel, Status
     from .outbox import on_commit
@@ -27,6 +28,7 @@ __all__ = [
     "enqueue_many",
     "handler",
     "on_commit",
+    "once",
 ]
 
 _HOMES = {
@@ -40,6 +42,7 @@ _HOMES = {
     "Status": "models",
     "handler": "registry",
     "on_commit": "outbox",
+    "once": "effects",
 }
 
 

@@ -18,13 +18,13 @@ from django.db.models.functions import Now
 from . import conf, store
 from .db.compiler import ClaimStatement
 from .status import Status
-from .validation import MAX_QUEUE_NAME
+from .validation import MAX_LABEL, MAX_QUEUE_NAME
 
 if TYPE_CHECKING:
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
     from django.db.backends.ddl_references import Statement
 
-__all__ = ["Consumer", "QueueItem", "QueueModel", "Status", "StatusIndex"]
+__all__ = ["Consumer", "Effect", "QueueItem", "QueueModel", "Status", "StatusIndex"]
 
 _M = TypeVar("_M", bound="QueueModel")
 
@@ -98,6 +98,21 @@ class Consumer(models.Model):
 
     def __str__(self) -> str:
         return self.identity
+
+
+class Effect(models.Model):
+    """The record that an external effect happened: ``effects.once`` writes it in the
+    transaction of the effect's bookkeeping; the unique key lets only one commit."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=MAX_LABEL, unique=True)
+    recorded_at = models.DateTimeField(db_default=Now(), db_index=True)
+
+    class Meta:
+        verbose_name = "effect"
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class QueueQuerySet(models.QuerySet[_M]):

@@ -33,6 +33,9 @@ class Outcome:
     error_class: str = ""
     retry: bool = True
     duration: float = 0.0
+    # None: the settler acknowledges a success. True or False: an atomic handler's own
+    # transaction did, or was refused (the claim was taken over; its writes rolled back).
+    acknowledged: bool | None = None
 
     def failed(self, exc: BaseException, *, retry: bool = True) -> None:
         cls = type(exc)
@@ -68,11 +71,12 @@ class Settler:
         settled: list[Outcome] = []
         by_claim: dict[int, list[Outcome]] = {}
         for outcome in self.unsettled:
-            if outcome.error is None:
+            if outcome.error is None and outcome.acknowledged is None:
                 by_claim.setdefault(outcome.item.claim_token or 0, []).append(outcome)
         for token, group in by_claim.items():
             self._acknowledge(token, group)
             settled += self._done(group)
+        settled += self._done([o for o in self.unsettled if o.acknowledged is not None])
         for outcome in [o for o in self.unsettled if o.error is not None]:
             self._fail(outcome)
             settled += self._done([outcome])
@@ -109,6 +113,8 @@ class Settler:
         settled = {id(outcome) for outcome in outcomes}
         self.unsettled = [o for o in self.unsettled if id(o) not in settled]
         for outcome in outcomes:
+            if outcome.acknowledged is False:
+                continue  # nothing happened: its transaction rolled back, another claim has it
             if outcome.error is None:
                 self.processed += 1
                 signals.item_done.send(

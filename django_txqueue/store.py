@@ -174,11 +174,16 @@ def ack(item: QueueModel, result: Any = None) -> bool:
         return False
     if not ack_many(type(item), item._state.db or "default", item.claim_token, {item.pk: result}):
         return False
+    mark_done(item, result)
+    return True
+
+
+def mark_done(item: QueueModel, result: Any = None) -> None:
+    """Bring an acknowledged item's fields in line with its row."""
     item.status, item.lease_expires_at = Status.DONE, None
     if has_field(type(item), "result"):
         item.result = result  # type: ignore[attr-defined]
         item.__dict__.pop("finished_at", None)  # set by the database clock: load on access
-    return True
 
 
 def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any, Any]) -> int:
@@ -329,15 +334,24 @@ def purge(items: QuerySet[Any], older_than: timedelta) -> int:
     Each batch is its own short statement, so a purge of millions of rows never holds
     locks for long. Returns how many were deleted.
     """
-    finished = items.filter(status__in=FINISHED, finished_at__lt=Now() - older_than)
+    return delete_in_batches(items.filter(status__in=FINISHED, finished_at__lt=Now() - older_than))
+
+
+def purge_effects(effects: QuerySet[Any], older_than: timedelta) -> int:
+    """Delete ``once`` records made over ``older_than`` ago, in small batches."""
+    return delete_in_batches(effects.filter(recorded_at__lt=Now() - older_than))
+
+
+def delete_in_batches(rows: QuerySet[Any]) -> int:
+    """Delete ``rows`` a batch of PURGE_BATCH primary keys at a time; how many were deleted."""
     deleted, after = 0, 0
     while True:
         batch = list(
-            finished.filter(pk__gt=after).order_by("pk").values_list("pk", flat=True)[:PURGE_BATCH]
+            rows.filter(pk__gt=after).order_by("pk").values_list("pk", flat=True)[:PURGE_BATCH]
         )
         if not batch:
             return deleted
-        deleted += int(finished.filter(pk__in=batch).delete()[0])
+        deleted += int(rows.filter(pk__in=batch).delete()[0])
         after = batch[-1]
 
 

@@ -22,14 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import Error as DatabaseError
-from django.db import InterfaceError, OperationalError, connections
+from django.db import InterfaceError, OperationalError, connections, transaction
 
-from . import conf, outbox, signals, store
+from . import conf, outbox, registry, signals, store
 from .api import Queue
 from .exceptions import NotJSONSerializable
 from .liveness import Liveness
 from .models import Consumer, QueueItem
-from .registry import Handler
 from .retry import jittered, next_pause
 from .settle import Outcome, Settler
 from .startup import one_line
@@ -63,7 +62,7 @@ class Worker:
 
     def __init__(
         self,
-        handlers: dict[str, Handler],
+        handlers: dict[str, registry.Handler],
         using: str = "default",
         concurrency: int = 1,
         batch: int | None = None,
@@ -73,7 +72,7 @@ class Worker:
         shutdown_timeout: float | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         progress_interval: float = 5.0,
-        discover: Callable[[str], Handler | None] | None = None,
+        discover: Callable[[str], registry.Handler | None] | None = None,
     ) -> None:
         self.handlers = {**handlers, outbox.QUEUE: outbox.run_call}
         self.using = using
@@ -233,10 +232,12 @@ class Worker:
     def _run_handler(self, item: QueueItem) -> Outcome:
         started = time.monotonic()
         outcome = Outcome(item)
+        handle = self.handlers[item.queue]
         try:
-            result = self.handlers[item.queue](item)
-            check_json(result, f"the result of the {item.queue!r} handler", NotJSONSerializable)
-            outcome.result = result
+            if registry.is_atomic(item.queue):
+                outcome.result, outcome.acknowledged = run_atomic(handle, item)
+            else:
+                outcome.result = checked_result(handle(item), item)
         except NotJSONSerializable as exc:
             outcome.failed(exc, retry=False)  # running it again would return the same
         except BaseException as exc:  # SystemExit or KeyboardInterrupt too: the item's failure
@@ -398,6 +399,36 @@ class HandlerThreads:
         """Let each thread finish its current work, then end."""
         for _ in self.threads:
             self.pending.put(None)
+
+
+def checked_result(result: Any, item: QueueItem) -> Any:
+    check_json(result, f"the result of the {item.queue!r} handler", NotJSONSerializable)
+    return result
+
+
+def run_atomic(handle: registry.Handler, item: QueueItem) -> tuple[Any, bool]:
+    """Run ``handle`` in a transaction that ends with the item's fenced acknowledgement.
+
+    Returns the result and whether the acknowledgement was accepted. Refused (the claim
+    was taken over after its lease ran out), the handler's writes roll back with it; an
+    exception rolls them back too, and the item is retried as usual.
+    """
+    alias = item._state.db or "default"
+    with transaction.atomic(using=alias):
+        result = checked_result(handle(item), item)
+        token = item.claim_token or 0
+        acknowledged = store.ack_many(QueueItem, alias, token, {item.pk: result}) == 1
+        if not acknowledged:
+            transaction.set_rollback(True, using=alias)
+    if acknowledged:
+        store.mark_done(item, result)
+    else:
+        logger.warning(
+            "%s #%s: its claim was taken over; the atomic handler's writes are rolled back",
+            item.queue,
+            item.pk,
+        )
+    return result, acknowledged
 
 
 def close_if_broken(alias: str) -> None:

@@ -12,9 +12,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from django_txqueue import Queue, Status, enqueue, registry
+from django_txqueue import Queue, Status, enqueue, once, registry
 from django_txqueue.backends import TASKS_FRAMEWORK
-from django_txqueue.models import Consumer, QueueItem
+from django_txqueue.models import Consumer, Effect, QueueItem
 
 
 def run(*args, **options):
@@ -230,6 +230,15 @@ class TestPurge:
 
     def test_nothing_to_purge(self, db):
         assert re.search(r"\bDeleted 0 finished item", run("txqueue_purge", older_than=0))
+
+    def test_a_purge_of_every_queue_deletes_old_once_records(self, db):
+        with once("old"), once("new"):
+            pass
+        Effect.objects.filter(key="old").update(recorded_at=timezone.now() - dt.timedelta(days=8))
+        assert "once() record" not in run("txqueue_purge", "alpha", older_than=7)
+        assert Effect.objects.count() == 2  # not per queue: a named purge keeps them
+        assert re.search(r"\bDeleted 1 once\(\) record", run("txqueue_purge", older_than=7))
+        assert list(Effect.objects.values_list("key", flat=True)) == ["new"]
 
     @pytest.mark.parametrize("days", ["-1", "-0.5", "nan", "inf", "36501", "1e12"])
     def test_bad_days(self, finished, days):

@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from django.db import connection
 from django.db.models import Count
 
 from django_txqueue import Queue, Status
@@ -406,3 +407,84 @@ def test_an_orphaned_item_is_rescued_within_lease_plus_rescue_interval(consumers
     keeper_identity = Consumer.objects.get(os_pid=rescuer_pid).identity
     assert (done.attempts, done.pid) == (1, keeper_identity)
     assert runs_per_item()[busy.pk] == 1
+
+
+def test_an_atomic_handlers_effect_happens_once_though_consumers_are_killed(consumers):
+    """@handler("atomic", atomic=True) writes a Run row in the transaction of its
+    acknowledgement. Consumers are SIGKILLed mid-handler and replaced; the items they
+    held are rescued and run again, yet each item has exactly one Run row."""
+    Queue("atomic").enqueue_many([{"seconds": 0.03}] * 120)
+    ids = item_ids("atomic")
+    args = ("atomic", "--concurrency", "2", "--batch", "2", "--lease", "1")
+    procs = [consumers(*args) for _ in range(2)]
+    for kill in range(4):
+        target = Run.objects.count() + 6
+        wait_for(lambda n=target: Run.objects.count() >= n, START_TIMEOUT, "progress", procs)
+        victim = procs[kill % 2]
+        victim.kill()
+        victim.wait(timeout=10)
+        procs[kill % 2] = consumers(*args)
+    wait_for(lambda: Queue("atomic").count(Status.DONE) == len(ids), 60, "every item DONE", procs)
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    assert [exit_code(proc, SHUTDOWN_TIMEOUT) for proc in procs] == [0, 0], stderr_of(*procs)
+
+    assert runs_per_item() == dict.fromkeys(ids, 1)
+    rerun = QueueItem.objects.filter(pk__in=ids, attempts__gt=1)
+    assert rerun.exists(), "no item was held by a killed consumer"
+
+
+def test_a_stopped_consumers_late_atomic_write_is_rolled_back(consumers, tmp_path):
+    """A consumer hangs (SIGSTOP) in an atomic handler after writing its effect; its
+    lease runs out and another consumer rescues and finishes the item. Resumed, the
+    stale handler's acknowledgement is refused and its write rolled back. (On SQLite
+    the stale transaction holds the only write lock, so nobody can take the item over
+    meanwhile: there the stale consumer finishes it, and the effect is still single.)"""
+    entered = tmp_path / "entered"
+    item = Queue("atomic").enqueue({"entered": str(entered), "seconds": 1})
+    stale = consumers("atomic", "--lease", "1")
+    wait_for(entered.exists, START_TIMEOUT, "the handler to start", [stale])
+    os.kill(stale.pid, signal.SIGSTOP)  # hung: no heartbeat, no lease renewal, no commit
+    stale_identity = Consumer.objects.get(os_pid=stale.pid).identity
+    rescuer = consumers("atomic", "--lease", "1")
+    single_writer = connection.vendor == "sqlite"
+    if single_writer:
+        time.sleep(3)  # the rescuer waits for the write lock all along
+    else:
+        wait_for(
+            lambda: QueueItem.objects.get(pk=item.pk).status == Status.DONE,
+            START_TIMEOUT,
+            "the rescuer to finish the item",
+            [rescuer],
+        )
+    os.kill(stale.pid, signal.SIGCONT)
+    if single_writer:
+        wait_for(
+            lambda: QueueItem.objects.get(pk=item.pk).status == Status.DONE,
+            10,
+            "the stale consumer to finish the item",
+            [stale],
+        )
+    else:
+        wait_for(
+            lambda: "taken over" in stale.err_path.read_text(),
+            10,
+            "the stale acknowledgement",
+            [stale],
+        )
+    for proc in (stale, rescuer):
+        proc.send_signal(signal.SIGTERM)
+    assert [exit_code(p, SHUTDOWN_TIMEOUT) for p in (stale, rescuer)] == [0, 0], stderr_of(
+        stale, rescuer
+    )
+
+    item.refresh_from_db()
+    assert item.status == Status.DONE
+    assert list(Run.objects.filter(item_id=item.pk).values_list("consumer", flat=True)) == [
+        item.pid  # one effect, by the claim whose acknowledgement was accepted
+    ]
+    if single_writer:
+        assert (item.pid, item.attempts) == (stale_identity, 1)
+    else:
+        rescuer_identity = Consumer.objects.get(os_pid=rescuer.pid).identity
+        assert (item.pid, item.attempts) == (rescuer_identity, 2)

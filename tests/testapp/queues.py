@@ -2,8 +2,10 @@
 
 import time
 
+from django_txqueue import once
 from django_txqueue.registry import handler
 
+from . import gateway
 from .models import Run
 
 
@@ -45,3 +47,32 @@ def exits(item):
 @handler("interrupts")
 def interrupts(item):
     raise KeyboardInterrupt
+
+
+@handler("sms")
+def send_sms(item):
+    """Send once per booking, however often the item (or another for the booking) runs.
+    The Run row is the effect's bookkeeping, written in the record's transaction."""
+    booking = item.payload["booking"]
+    with once(f"sms:booking:{booking}") as first:
+        if first:
+            gateway.send(item.payload["to"], f"Booking {booking} confirmed")
+            Run.objects.create(item_id=booking, consumer="sms")
+        time.sleep(item.payload.get("linger", 0))  # hold the transaction open (races)
+
+
+@handler("atomic", atomic=True)
+def record_atomically(item):
+    """Its effect, a Run row, commits with the item's acknowledgement or not at all.
+
+    Payload options: ``entered`` (a file created once the row is written, uncommitted),
+    ``seconds`` (a pause after that), ``fail`` (raise), ``result`` (returned)."""
+    Run.objects.create(item_id=item.pk, consumer=item.pid)
+    options = item.payload if isinstance(item.payload, dict) else {}
+    if "entered" in options:
+        with open(options["entered"], "w"):
+            pass
+    time.sleep(options.get("seconds", 0))
+    if options.get("fail"):
+        raise ValueError("the atomic handler failed")
+    return options.get("result", "recorded")

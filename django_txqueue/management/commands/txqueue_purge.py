@@ -8,7 +8,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from .. import add_queue_arguments, selected_queues
+from ... import store
+from ...models import Effect
+from .. import add_queue_arguments, default_alias, selected_queues
 
 # A century: beyond any real retention, and within every vendor's date arithmetic.
 MAX_DAYS = 36500
@@ -17,7 +19,7 @@ MAX_DAYS = 36500
 class Command(BaseCommand):
     help = (
         "Delete DONE and FAILED items finished more than DAYS days ago, in small batches "
-        "(default: every queue)."
+        "(default: every queue, and the once() records made before then)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -42,3 +44,9 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(f"Deleted {deleted} finished item(s) older than {days:g} days.")
         )
+        if not options["queues"]:  # the records are not per queue: only a full purge
+            alias = default_alias(options["database"])
+            effects = store.purge_effects(Effect.objects.using(alias), older_than)
+            self.stdout.write(
+                self.style.SUCCESS(f"Deleted {effects} once() record(s) older than {days:g} days.")
+            )
