@@ -24,7 +24,15 @@ if TYPE_CHECKING:
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
     from django.db.backends.ddl_references import Statement
 
-__all__ = ["Consumer", "Effect", "QueueItem", "QueueModel", "Status", "StatusIndex"]
+__all__ = [
+    "Consumer",
+    "Effect",
+    "QueueItem",
+    "QueueModel",
+    "Status",
+    "StatusIndex",
+    "stuck_condition",
+]
 
 _M = TypeVar("_M", bound="QueueModel")
 
@@ -100,6 +108,12 @@ class Consumer(models.Model):
         return self.identity
 
 
+def stuck_condition() -> Q:
+    """The WHERE of ``stuck()``, for an UPDATE that must act on stuck items in one statement."""
+    dead = Consumer.objects.dead().values("identity")
+    return Q(status=Status.IN_PROGRESS) & (Q(lease_expires_at__lt=Now()) | Q(pid__in=dead))
+
+
 class Effect(models.Model):
     """The record that an external effect happened: ``effects.once`` writes it in the
     transaction of the effect's bookkeeping; the unique key lets only one commit."""
@@ -130,8 +144,7 @@ class QueueQuerySet(models.QuerySet[_M]):
 
         An item claimed by a pid with no Consumer row is stuck only once its lease expires.
         """
-        dead = Consumer.objects.dead().values("identity")
-        return self.in_progress().filter(Q(lease_expires_at__lt=Now()) | Q(pid__in=dead))
+        return self.filter(stuck_condition())
 
     def claim(
         self,
@@ -215,6 +228,19 @@ class QueueItemQuerySet(QueueQuerySet["QueueItem"]):
         ``fail=True`` fails them all at once, for work that must never run twice.
         """
         return store.rescue(self.stuck(), fail=fail)
+
+    def requeue(self) -> int:
+        """READY and due now, attempts kept: the FAILED and READY items among these, and the
+        stuck ones; never a running item whose consumer is alive, nor a DONE one."""
+        return store.requeue(self, stuck=stuck_condition())
+
+    def mark_failed(self, error: str) -> int:
+        """FAILED with ``error``: the READY items among these and the stuck ones."""
+        return store.fail_many(self, stuck=stuck_condition(), error=error)
+
+    def delete_finished(self) -> int:
+        """Delete the DONE and FAILED items among these; returns how many."""
+        return store.delete_finished(self)
 
 
 class QueueItem(QueueModel):

@@ -313,6 +313,48 @@ def rescue(stuck: QuerySet[Any], *, fail: bool = False) -> int:
     )
 
 
+def requeue(items: QuerySet[Any], *, stuck: Q) -> int:
+    """Put ``items`` back READY, due now, attempts and last error kept: the READY and
+    FAILED ones, and those matching ``stuck``, all checked in the UPDATE itself, so an item
+    that started running meanwhile under a live consumer is left alone. For QueueItem.
+
+    A FAILED item whose dedup_key an unfinished item holds stays FAILED (the unique index
+    refuses it): FAILED items with a dedup_key go one by one, so one refusal stops no other.
+    """
+    allowed = items.order_by().filter(Q(status__in=(Status.READY, Status.FAILED)) | stuck)
+    changes = {**UNCLAIMED, "status": Status.READY, "run_at": Now(), "finished_at": None}
+    changed = allowed.exclude(status=Status.FAILED, dedup_key__isnull=False).update(**changes)
+    holding_keys = allowed.filter(status=Status.FAILED, dedup_key__isnull=False)
+    for pk in list(holding_keys.values_list("pk", flat=True)):
+        try:
+            with transaction.atomic(using=items.db):
+                changed += holding_keys.filter(pk=pk).update(**changes)
+        except IntegrityError:
+            pass
+    return changed
+
+
+def fail_many(items: QuerySet[Any], *, stuck: Q, error: str) -> int:
+    """Mark FAILED with ``error`` the READY ``items`` and those matching ``stuck``, checked in
+    the UPDATE itself; a running item under a live consumer is left alone. For QueueItem."""
+    return (
+        items.order_by()
+        .filter(Q(status=Status.READY) | stuck)
+        .update(
+            **UNCLAIMED,
+            status=Status.FAILED,
+            finished_at=Now(),
+            last_error=error,
+            error_class="",
+        )
+    )
+
+
+def delete_finished(items: QuerySet[Any]) -> int:
+    """Delete the DONE and FAILED ``items``; returns how many."""
+    return int(items.order_by().filter(status__in=FINISHED).delete()[0])
+
+
 def release_lost(
     model: type[Model], alias: str, pid: str, held: Iterable[Any], claimed_before: timedelta
 ) -> int:

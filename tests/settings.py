@@ -13,12 +13,37 @@ SECRET_KEY = "tests-only"  # noqa: S105
 USE_TZ = True
 TIME_ZONE = "UTC"
 INSTALLED_APPS = [
+    "django.contrib.admin",
     "django.contrib.contenttypes",
     "django.contrib.auth",
+    "django.contrib.sessions",
+    "django.contrib.messages",
     "django_txqueue",
     "tests.testapp",
 ]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# The admin, for tests/test_admin.py.
+ROOT_URLCONF = "tests.urls"
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
 
 VENDOR = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
 HOST = os.environ.get("TXQUEUE_TEST_HOST", "127.0.0.1")

@@ -1,0 +1,327 @@
+"""The Django admin pages: queue items (with requeue, mark failed and delete) and consumers.
+
+The pages only read; every change goes through the queryset methods and so through
+``store``, in one statement that re-checks each row's state, never through a form that
+writes a whole row back (which would undo a consumer's acknowledgement in between).
+Everything users wrote (payloads, keys, errors, queue names) goes out escaped.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import (
+    BooleanField,
+    Case,
+    Count,
+    Exists,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.safestring import SafeString
+from django.utils.timesince import timesince
+
+from .models import Consumer, QueueItem, QueueItemQuerySet, Status, stuck_condition
+from .status import FINISHED
+
+# A colour per state; the label is always written too, so the colour is never the only cue.
+STATUS_COLOURS: dict[int, str] = {
+    Status.READY: "#2563eb",
+    Status.IN_PROGRESS: "#d97706",
+    Status.DONE: "#16a34a",
+    Status.FAILED: "#dc2626",
+}
+STUCK_COLOUR = "#9333ea"
+
+# ModelAdmin is generic only in django-stubs; at run time it cannot be subscripted.
+if TYPE_CHECKING:
+    QueueItemModelAdmin = admin.ModelAdmin[QueueItem]
+    ConsumerModelAdmin = admin.ModelAdmin[Consumer]
+else:
+    QueueItemModelAdmin = ConsumerModelAdmin = admin.ModelAdmin
+
+
+def pretty(value: Any) -> SafeString:
+    """JSON indented inside <pre>, escaped."""
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, cls=DjangoJSONEncoder)
+    return format_html("<pre>{}</pre>", text)
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+class QueueNameFilter(admin.SimpleListFilter):
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        # One DISTINCT query, not a scan per row.
+        names = QueueItem.objects.order_by("queue").values_list("queue", flat=True).distinct()
+        return [(name, name) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(queue=self.value()) if self.value() else queryset
+
+
+class StuckFilter(admin.SimpleListFilter):
+    """Stuck as ``QueueItem.objects.stuck()`` means it: IN_PROGRESS, lease expired or
+    consumer dead."""
+
+    title = "stuck"
+    parameter_name = "stuck"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Yes"), ("no", "No")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.filter(stuck_condition())
+        if self.value() == "no":
+            return queryset.exclude(stuck_condition())
+        return queryset
+
+
+@admin.register(QueueItem)
+class QueueItemAdmin(QueueItemModelAdmin):
+    list_display = (
+        "id",
+        "queue",
+        "status_label",
+        "priority",
+        "key",
+        "attempts_of_max",
+        "run_at",
+        "age",
+        "pid",
+    )
+    list_filter = ("status", QueueNameFilter, StuckFilter)
+    search_fields = ("key", "dedup_key")  # read by get_search_results below, exactly
+    search_help_text = "An id, a key or a dedup key (exact)."
+    ordering = ("-id",)
+    actions = ("requeue", "mark_failed", "delete_selected")
+    fields = (
+        ("id", "queue", "status_label"),
+        ("priority", "run_at", "created_at", "finished_at"),
+        ("key", "dedup_key"),
+        ("attempts", "max_attempts"),
+        ("pid", "claimed_at", "lease_expires_at"),
+        "payload_pretty",
+        "result_pretty",
+        "error_class",
+        "last_error_pretty",
+    )
+    readonly_fields = tuple(
+        name for row in fields for name in (row if isinstance(row, tuple) else (row,))
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[QueueItem]:
+        stuck = Case(When(stuck_condition(), then=Value(True)), default=Value(False))
+        return super().get_queryset(request).annotate(is_stuck=stuck)
+
+    # -- columns and fields ------------------------------------------------------------
+
+    @admin.display(description="status", ordering="status")
+    def status_label(self, item: QueueItem) -> SafeString:
+        if getattr(item, "is_stuck", False):
+            return format_html('<b style="color: {}">● {}</b>', STUCK_COLOUR, "in progress, stuck")
+        label = Status(item.status).label
+        return format_html('<b style="color: {}">● {}</b>', STATUS_COLOURS[item.status], label)
+
+    @admin.display(description="attempts")
+    def attempts_of_max(self, item: QueueItem) -> str:
+        return f"{item.attempts} / {item.max_attempts}"
+
+    @admin.display(description="age", ordering="created_at")
+    def age(self, item: QueueItem) -> str:
+        return timesince(item.created_at)
+
+    @admin.display(description="payload")
+    def payload_pretty(self, item: QueueItem) -> SafeString:
+        return pretty(item.payload)
+
+    @admin.display(description="result")
+    def result_pretty(self, item: QueueItem) -> SafeString:
+        return pretty(item.result)
+
+    @admin.display(description="last error")
+    def last_error_pretty(self, item: QueueItem) -> SafeString:
+        return format_html("<pre>{}</pre>", item.last_error)
+
+    # -- search ------------------------------------------------------------------------
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[QueueItem], search_term: str
+    ) -> tuple[QuerySet[QueueItem], bool]:
+        """Exact matches only, which indexes can serve: an id, a key or a dedup key."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        match = Q(key=term) | Q(dedup_key=term)
+        if term.isdigit():
+            match |= Q(pk=int(term))
+        return queryset.filter(match), False
+
+    # -- permissions: nothing is edited by hand ----------------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # items come from enqueue(), which validates them
+
+    def has_change_permission(self, request: HttpRequest, obj: QueueItem | None = None) -> bool:
+        # The change permission runs the actions; a detail page is a view for everyone, as
+        # saving a form would write the whole row back over a consumer's acknowledgement.
+        return obj is None and super().has_change_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: QueueItem | None = None) -> bool:
+        finished_or_any = obj is None or obj.status in FINISHED
+        return finished_or_any and super().has_delete_permission(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[QueueItem]) -> None:
+        QueueItem.objects.filter(pk__in=queryset.values("pk")).delete_finished()
+
+    # -- actions -----------------------------------------------------------------------
+
+    @admin.action(
+        description="Requeue selected items (ready now, attempts kept)", permissions=["change"]
+    )
+    def requeue(self, request: HttpRequest, queryset: QuerySet[QueueItem]) -> None:
+        selected, total = self._selection(queryset)
+        census = self._census(selected)
+        changed = selected.requeue()
+        left_alone = {"running": census["running"], "already done": census["done"]}
+        left_alone["held back by an unfinished item with the same dedup key"] = (
+            total - changed - sum(left_alone.values())
+        )
+        headline = f"Requeued {changed} of {plural(total, 'selected item')}"
+        self._report(request, headline, total - changed, left_alone)
+
+    @admin.action(description="Mark selected items failed", permissions=["change"])
+    def mark_failed(self, request: HttpRequest, queryset: QuerySet[QueueItem]) -> None:
+        selected, total = self._selection(queryset)
+        census = self._census(selected)
+        changed = selected.mark_failed(f"marked failed in the admin by {request.user}")
+        left_alone = {
+            "running": census["running"],
+            "already finished": census["done"] + census["failed"],
+        }
+        headline = f"Marked {changed} of {plural(total, 'selected item')} failed"
+        self._report(request, headline, total - changed, left_alone)
+
+    def _selection(self, queryset: QuerySet[QueueItem]) -> tuple[QueueItemQuerySet, int]:
+        """The selected rows as a plain QueueItem queryset (no annotation), and how many."""
+        pks = list(queryset.values_list("pk", flat=True))
+        return QueueItem.objects.filter(pk__in=pks), len(pks)
+
+    def _census(self, selected: QuerySet[QueueItem]) -> dict[str, int]:
+        """How many of the selection run under a live consumer, and how many are finished:
+        the reasons an action leaves items alone. Read before the action, in one query."""
+        counts = selected.aggregate(
+            in_progress=Count("pk", filter=Q(status=Status.IN_PROGRESS)),
+            stuck=Count("pk", filter=stuck_condition()),
+            done=Count("pk", filter=Q(status=Status.DONE)),
+            failed=Count("pk", filter=Q(status=Status.FAILED)),
+        )
+        return {**counts, "running": counts["in_progress"] - counts["stuck"]}
+
+    def _report(
+        self, request: HttpRequest, headline: str, left: int, reasons: dict[str, int]
+    ) -> None:
+        """Says, e.g., "Requeued 3 of 5 selected items; 2 were left alone (2 running).\""""
+        if left <= 0:
+            self.message_user(request, f"{headline}.", messages.SUCCESS)
+            return
+        why = ", ".join(f"{count} {reason}" for reason, count in reasons.items() if count > 0)
+        verb = "was" if left == 1 else "were"
+        message = f"{headline}; {left} {verb} left alone ({why})."
+        self.message_user(request, message, messages.WARNING)
+
+
+@admin.register(Consumer)
+class ConsumerAdmin(ConsumerModelAdmin):
+    list_display = (
+        "identity",
+        "state",
+        "host",
+        "os_pid",
+        "queues",
+        "started_at",
+        "last_heartbeat_at",
+        "processed",
+        "failed",
+        "in_flight",
+    )
+    ordering = ("-started_at",)
+    search_fields = ("identity", "host")
+    readonly_fields = (
+        "identity",
+        "state",
+        "host",
+        "os_pid",
+        "queues",
+        "wakeup_address",
+        "started_at",
+        "last_heartbeat_at",
+        "stopped_at",
+        "processed",
+        "failed",
+        "in_flight",
+    )
+    fields = readonly_fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Consumer]:
+        # Both per-row facts come from subqueries in the one page query: no N+1.
+        in_flight = (
+            QueueItem.objects.filter(status=Status.IN_PROGRESS, pid=OuterRef("identity"))
+            .order_by()
+            .values("pid")
+            .annotate(count=Count("pk"))
+            .values("count")
+        )
+        dead = Consumer.objects.dead().filter(pk=OuterRef("pk"))
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                is_dead=Exists(dead, output_field=BooleanField()),
+                in_flight_count=Coalesce(Subquery(in_flight), 0, output_field=IntegerField()),
+            )
+        )
+
+    @admin.display(description="state")
+    def state(self, consumer: Consumer) -> SafeString:
+        if consumer.stopped_at is not None:
+            return format_html('<b style="color: {}">● {}</b>', "#6b7280", "stopped")
+        if getattr(consumer, "is_dead", False):
+            return format_html('<b style="color: {}">● {}</b>', "#dc2626", "dead")
+        return format_html('<b style="color: {}">● {}</b>', "#16a34a", "live")
+
+    @admin.display(description="in flight", ordering="in_flight_count")
+    def in_flight(self, consumer: Consumer) -> SafeString:
+        count = getattr(consumer, "in_flight_count", 0)
+        query = urlencode(
+            {"pid": consumer.identity, "status__exact": str(Status.IN_PROGRESS.value)}
+        )
+        url = reverse("admin:django_txqueue_queueitem_changelist") + "?" + query
+        return format_html('<a href="{}">{}</a>', url, count)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # consumers register themselves
+
+    def has_change_permission(self, request: HttpRequest, obj: Consumer | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Consumer | None = None) -> bool:
+        return False
