@@ -171,7 +171,7 @@ class QueueItemAdmin(QueueItemModelAdmin):
         if not term:
             return queryset, False
         match = Q(key=term) | Q(dedup_key=term)
-        if term.isdigit():
+        if term.isdigit() and int(term) < 2**63:  # beyond a BIGINT no id matches
             match |= Q(pk=int(term))
         return queryset.filter(match), False
 

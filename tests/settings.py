@@ -22,7 +22,8 @@ INSTALLED_APPS = [
     "tests.testapp",
 ]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-# The admin, for tests/test_admin.py.
+# The admin, for tests/test_admin.py; a fast hasher for its users.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 ROOT_URLCONF = "tests.urls"
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -115,6 +115,9 @@ class TestPages:
     def test_search_by_id(self, admin_client, world):
         assert shown(admin_client.get(ITEMS, {"q": str(world["done"].pk)})) == {world["done"].pk}
 
+    def test_search_by_a_number_too_big_for_an_id(self, admin_client, world):
+        assert shown(admin_client.get(ITEMS, {"q": "9" * 30})) == set()
+
     def test_queue_filter_lists_the_queue_names(self, admin_client, world):
         content = admin_client.get(ITEMS).content.decode()
         assert "?queue=alpha" in content and "?queue=beta" in content
