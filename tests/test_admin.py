@@ -6,6 +6,7 @@ import datetime as dt
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
@@ -245,6 +246,12 @@ class TestPermissions:
         data = {"action": "delete_selected", "_selected_action": [world["done"].pk], "post": "yes"}
         viewer.post(ITEMS, data)
         assert dict(QueueItem.objects.values_list("pk", "status")) == before
+
+    def test_an_action_without_csrf_token_is_refused(self, admin_user, world):
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(admin_user)
+        assert act(client, "requeue", [world["failed"]]).status_code == 403
+        assert status_of(world["failed"]) == Status.FAILED
 
 
 class TestEscaping:
