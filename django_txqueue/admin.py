@@ -60,6 +60,11 @@ def pretty(value: Any) -> SafeString:
     return format_html("<pre>{}</pre>", text)
 
 
+def dot(colour: str, label: str) -> SafeString:
+    """A coloured dot and its label: the colour is never the only cue."""
+    return format_html('<b style="color: {}">● {}</b>', colour, label)
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
@@ -137,9 +142,8 @@ class QueueItemAdmin(QueueItemModelAdmin):
     @admin.display(description="status", ordering="status")
     def status_label(self, item: QueueItem) -> SafeString:
         if getattr(item, "is_stuck", False):
-            return format_html('<b style="color: {}">● {}</b>', STUCK_COLOUR, "in progress, stuck")
-        label = Status(item.status).label
-        return format_html('<b style="color: {}">● {}</b>', STATUS_COLOURS[item.status], label)
+            return dot(STUCK_COLOUR, "in progress, stuck")
+        return dot(STATUS_COLOURS[item.status], Status(item.status).label)
 
     @admin.display(description="attempts")
     def attempts_of_max(self, item: QueueItem) -> str:
@@ -303,10 +307,10 @@ class ConsumerAdmin(ConsumerModelAdmin):
     @admin.display(description="state")
     def state(self, consumer: Consumer) -> SafeString:
         if consumer.stopped_at is not None:
-            return format_html('<b style="color: {}">● {}</b>', "#6b7280", "stopped")
+            return dot("#6b7280", "stopped")
         if getattr(consumer, "is_dead", False):
-            return format_html('<b style="color: {}">● {}</b>', "#dc2626", "dead")
-        return format_html('<b style="color: {}">● {}</b>', "#16a34a", "live")
+            return dot(STATUS_COLOURS[Status.FAILED], "dead")
+        return dot(STATUS_COLOURS[Status.DONE], "live")
 
     @admin.display(description="in flight", ordering="in_flight_count")
     def in_flight(self, consumer: Consumer) -> SafeString:

@@ -28,8 +28,9 @@ def once(key: str, *, using: str | None = None) -> Iterator[bool]:
     The record commits with whatever the block writes and rolls back with it, an
     exception included. Nested in an outer transaction it joins that one (a savepoint).
     """
-    if validate_label(key, "the effect key") is None:
+    if key is None:  # validate_label lets None through: an optional label elsewhere
         raise TypeError("the effect key must be a string, not None")
+    validate_label(key, "the effect key")
     alias = using or conf.get("DATABASE") or router.db_for_write(Effect)
     with transaction.atomic(using=alias):
         try:

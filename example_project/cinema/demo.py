@@ -204,16 +204,15 @@ class Outcome:
 def measure(gateway_path):
     booked = list(Booking.objects.all())
     items = QueueItem.objects.filter(queue=sms.QUEUE)
-    delivered = Counter(
-        (message.recipient, message.body) for message in Gateway(gateway_path).messages()
-    )
+    gateway = Gateway(gateway_path)
+    delivered = Counter((message.recipient, message.body) for message in gateway.messages())
     return Outcome(
         bookings=len(booked),
         recorded=sum(1 for booking in booked if booking.sms_sent_at and booking.sms_message_id),
         items=items.count(),
         items_failed=items.filter(status=Status.FAILED).count(),
         attempts=sum(items.values_list("attempts", flat=True)),
-        gateway_calls=Gateway(gateway_path).calls(),
+        gateway_calls=gateway.calls(),
         sms_sent=sum(1 for b in booked if (b.phone, sms.text_for(b)) in delivered),
         duplicates=sum(delivered.values()) - len(delivered),
     )

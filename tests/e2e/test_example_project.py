@@ -14,15 +14,17 @@ import sys
 from urllib.parse import quote
 
 import pytest
+from django.conf import settings
 
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
 
 EXAMPLE = ROOT / "example_project"
-VENDOR = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
-HOST = os.environ.get("TXQUEUE_TEST_HOST", "127.0.0.1")
-DATABASE_NAME = f"test_txqueue{os.environ.get('TXQUEUE_TEST_RUN', '')}_example"
+# The suite's own server, as tests/settings.py configured it from TXQUEUE_TEST_*.
+VENDOR = settings.VENDOR
+SERVER = settings.DATABASES["default"]
+DATABASE_NAME = f"{SERVER['TEST']['NAME']}_example"
 TIMEOUT = 120  # seconds for any one command; each normally takes one or a few
 
 
@@ -31,34 +33,22 @@ TIMEOUT = 120  # seconds for any one command; each normally takes one or a few
 
 def server_connection():
     """An autocommit connection to the suite's server, outside any database of ours."""
+    address = {"host": SERVER["HOST"], "port": int(SERVER["PORT"]), "user": SERVER["USER"]}
     if VENDOR == "postgresql":
         import psycopg
 
-        return psycopg.connect(
-            host=HOST,
-            port=int(os.environ.get("TXQUEUE_TEST_PORT", "5432")),
-            user=os.environ.get("TXQUEUE_TEST_USER", "postgres"),
-            dbname="postgres",
-            autocommit=True,
-        )
+        return psycopg.connect(**address, dbname="postgres", autocommit=True)
     import MySQLdb
 
-    connection = MySQLdb.connect(
-        host=HOST,
-        port=int(os.environ.get("TXQUEUE_TEST_PORT", "3306")),
-        user=os.environ.get("TXQUEUE_TEST_USER", "root"),
-    )
+    connection = MySQLdb.connect(**address)
     connection.autocommit(True)
     return connection
 
 
 def database_url():
-    user = quote(
-        os.environ.get("TXQUEUE_TEST_USER", "postgres" if VENDOR == "postgresql" else "root")
-    )
-    scheme, default_port = ("postgres", "5432") if VENDOR == "postgresql" else ("mysql", "3306")
-    port = os.environ.get("TXQUEUE_TEST_PORT", default_port)
-    return f"{scheme}://{user}@{HOST}:{port}/{DATABASE_NAME}"
+    scheme = "postgres" if VENDOR == "postgresql" else "mysql"
+    user, host, port = quote(SERVER["USER"]), SERVER["HOST"], SERVER["PORT"]
+    return f"{scheme}://{user}@{host}:{port}/{DATABASE_NAME}"
 
 
 def run_ddl(*statements):
