@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Consumer",
+    "Dashboard",
     "Effect",
     "QueueItem",
     "QueueModel",
@@ -312,3 +313,15 @@ class QueueItem(QueueModel):
         Once ``max_attempts`` claims have been spent it ends FAILED with ``error`` instead.
         """
         return store.retry(self, error, delay)
+
+
+class Dashboard(QueueItem):
+    """No table of its own: the admin's queue dashboard needs a model to sit at
+    ``admin/django_txqueue/dashboard/`` and in the app's index. Its pages check the
+    QueueItem permissions, so it has none of its own."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"
+        default_permissions = ()
