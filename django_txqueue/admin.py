@@ -1,4 +1,5 @@
-"""The Django admin pages: queue items (with requeue, mark failed and delete) and consumers.
+"""The Django admin pages: queue items (with requeue, mark failed and delete), the stuck
+items (with a rescue button), consumers, and a dashboard of every queue.
 
 The pages only read; every change goes through the queryset methods and so through
 ``store``, in one statement that re-checks each row's state, never through a form that
@@ -12,7 +13,10 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
+from django.core.exceptions import PermissionDenied
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import router
 from django.db.models import (
     BooleanField,
     Case,
@@ -27,14 +31,18 @@ from django.db.models import (
     When,
 )
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
-from .models import Consumer, QueueItem, QueueItemQuerySet, Status, stuck_condition
+from . import conf
+from .api import requeue_all_stuck
+from .models import Consumer, Dashboard, QueueItem, QueueItemQuerySet, Status, stuck_condition
+from .monitoring import overview, stuck_items
 from .status import FINISHED
 
 # A colour per state; the label is always written too, so the colour is never the only cue.
@@ -50,8 +58,11 @@ STUCK_COLOUR = "#9333ea"
 if TYPE_CHECKING:
     QueueItemModelAdmin = admin.ModelAdmin[QueueItem]
     ConsumerModelAdmin = admin.ModelAdmin[Consumer]
+    DashboardModelAdmin = admin.ModelAdmin[Dashboard]
 else:
-    QueueItemModelAdmin = ConsumerModelAdmin = admin.ModelAdmin
+    QueueItemModelAdmin = ConsumerModelAdmin = DashboardModelAdmin = admin.ModelAdmin
+
+STUCK_PAGE_ROWS = 500  # the page lists the longest-claimed; the rescue takes them all
 
 
 def pretty(value: Any) -> SafeString:
@@ -67,6 +78,12 @@ def dot(colour: str, label: str) -> SafeString:
 
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def may(request: HttpRequest, action: str) -> bool:
+    """Whether the user holds QueueItem's ``action`` permission ("view", "change")."""
+    opts = QueueItem._meta
+    return request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
 
 
 class QueueNameFilter(admin.SimpleListFilter):
@@ -164,6 +181,41 @@ class QueueItemAdmin(QueueItemModelAdmin):
     @admin.display(description="last error")
     def last_error_pretty(self, item: QueueItem) -> SafeString:
         return format_html("<pre>{}</pre>", item.last_error)
+
+    # -- the stuck page ----------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        stuck = path(
+            "stuck/",
+            self.admin_site.admin_view(self.stuck_view),
+            name="django_txqueue_queueitem_stuck",
+        )
+        return [stuck, *super().get_urls()]  # before "<path:object_id>/" can take it
+
+    def stuck_view(self, request: HttpRequest) -> HttpResponse:
+        """GET: the stuck items, why and how long. POST (change permission): rescue them all,
+        as ``txqueue_requeue_stuck`` does, and say how many."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            if not self.has_change_permission(request):
+                raise PermissionDenied
+            rescued = requeue_all_stuck(router.db_for_write(QueueItem))
+            self.message_user(request, f"Rescued {rescued} stuck item(s).", messages.SUCCESS)
+            return HttpResponseRedirect(request.path)
+        items = QueueItem.objects.all()  # on the database the item pages read
+        shown = stuck_items(items, Consumer.objects.using(items.db), STUCK_PAGE_ROWS)
+        total = len(shown) if len(shown) < STUCK_PAGE_ROWS else items.stuck().count()
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Stuck items",
+            "stuck": shown,
+            "total": total,
+            "can_rescue": self.has_change_permission(request),
+            "consumer_timeout": conf.get("CONSUMER_TIMEOUT"),
+        }
+        return TemplateResponse(request, "admin/django_txqueue/queueitem/stuck.html", context)
 
     # -- search ------------------------------------------------------------------------
 
@@ -328,4 +380,48 @@ class ConsumerAdmin(ConsumerModelAdmin):
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Consumer | None = None) -> bool:
+        return False
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(DashboardModelAdmin):
+    """One page, no rows of its own: every queue's counts, consumers and throughput. It
+    needs QueueItem's view (or change) permission, like the item pages."""
+
+    refresh_seconds = 5
+
+    def get_urls(self) -> list[URLPattern]:
+        # The changelist's name, so that the app index and the sidebar link to it.
+        view = self.admin_site.admin_view(self.dashboard_view)
+        return [path("", view, name="django_txqueue_dashboard_changelist")]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """The page, or with ``?fragment=1`` only its live part, which the page re-reads
+        every ``refresh_seconds``."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        items = QueueItem.objects.all()  # on the database the item pages read
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Queue dashboard",
+            "overview": overview(items, Consumer.objects.using(items.db)),
+            "refresh_ms": self.refresh_seconds * 1000,
+        }
+        if request.GET.get("fragment"):
+            template = "admin/django_txqueue/dashboard/live.html"
+        else:
+            template = "admin/django_txqueue/dashboard/dashboard.html"
+        return TemplateResponse(request, template, context)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return may(request, "view") or may(request, "change")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

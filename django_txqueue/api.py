@@ -260,3 +260,14 @@ class Queue:
         Returns how many were deleted.
         """
         return store.purge(self.items, to_timedelta(older_than, "older_than"))
+
+
+def requeue_all_stuck(using: str) -> int:
+    """Rescue the stuck items of every queue on ``using``, each through its own
+    ``Queue.requeue_stuck()`` so that per-queue ``RESCUE`` settings apply; returns how many.
+
+    What ``txqueue_requeue_stuck`` does without queue names, and the admin's rescue button.
+    """
+    stuck = QueueItem.objects.using(using).stuck().order_by()
+    names = sorted(set(stuck.values_list("queue", flat=True).distinct()))
+    return sum(Queue(name, using=using).requeue_stuck() for name in names)

@@ -1,5 +1,5 @@
-"""The admin pages through Django's test client: pages, filters, search, actions,
-permissions, escaping and query counts."""
+"""The admin pages through Django's test client: pages, filters, search, actions, the
+stuck page and its rescue, the dashboard, permissions, escaping and query counts."""
 
 import datetime as dt
 
@@ -13,9 +13,12 @@ from django.utils import timezone
 
 from django_txqueue import Status, enqueue
 from django_txqueue.models import Consumer, QueueItem
+from django_txqueue.monitoring import duration
 
 ITEMS = reverse("admin:django_txqueue_queueitem_changelist")
 CONSUMERS = reverse("admin:django_txqueue_consumer_changelist")
+STUCK = reverse("admin:django_txqueue_queueitem_stuck")
+DASHBOARD = reverse("admin:django_txqueue_dashboard_changelist")
 SCRIPT = "<script>alert(1)</script>"
 LIVE, DEAD = "host:1:live", "host:2:dead"
 
@@ -56,6 +59,20 @@ def act(client, action, items):
 
 def status_of(item):
     return QueueItem.objects.get(pk=item.pk).status
+
+
+def stuck_rows(response):
+    """The stuck page's rows: item id -> (reason, overdue seconds)."""
+    assert response.status_code == 200
+    return {
+        row.item.pk: (row.reason, row.overdue.total_seconds()) for row in response.context["stuck"]
+    }
+
+
+def queue_rows(response):
+    """The dashboard's rows by queue name."""
+    assert response.status_code == 200
+    return {row.name: row for row in response.context["overview"].queues}
 
 
 @pytest.fixture
@@ -220,23 +237,168 @@ class TestActions:
         )
 
 
+class TestStuckPage:
+    def test_lists_the_stuck_items_with_why_and_how_long(self, admin_client, world):
+        rows = stuck_rows(admin_client.get(STUCK))
+        assert set(rows) == {world["orphan"].pk, world["expired"].pk}
+        reason, overdue = rows[world["orphan"].pk]
+        # The dead consumer's heartbeat is 5 minutes old; it counts as dead after 60 s.
+        assert reason == "consumer stopped heartbeating" and 230 < overdue < 250
+        reason, overdue = rows[world["expired"].pk]
+        assert reason == "lease expired" and 290 < overdue < 310
+
+    def test_an_item_of_a_stopped_consumer(self, admin_client, world):
+        item = in_progress("gamma", "host:3:gone")
+        assert stuck_rows(admin_client.get(STUCK))[item.pk][0] == "consumer stopped"
+
+    def test_the_page_shows_rows_links_and_the_button(self, admin_client, world):
+        content = admin_client.get(STUCK).content.decode()
+        assert f'<tr data-item-id="{world["orphan"].pk}">' in content
+        assert f'href="{consumer_page(world["dead"])}"' in content
+        assert 'id="rescue-form"' in content and "Rescue 2 stuck items" in content
+        assert f'href="{STUCK}"' in admin_client.get(ITEMS).content.decode()
+
+    def test_an_empty_page(self, admin_client, db):
+        content = admin_client.get(STUCK).content.decode()
+        assert 'id="no-stuck-items"' in content and "disabled" in content
+
+    def test_rescue(self, admin_client, world):
+        response = admin_client.post(STUCK, follow=True)
+        assert response.redirect_chain == [(STUCK, 302)]
+        assert "Rescued 2 stuck item(s)." in message(response)
+        for name in ("orphan", "expired"):
+            assert status_of(world[name]) == Status.READY
+        assert status_of(world["running"]) == Status.IN_PROGRESS
+        assert stuck_rows(response) == {}
+
+    def test_rescue_follows_each_queues_rescue_setting(self, admin_client, world, settings):
+        settings.TXQUEUE = {"QUEUES": {"beta": {"RESCUE": "fail"}}}
+        gamma = in_progress("gamma", DEAD)
+        assert "Rescued 3 stuck item(s)." in message(admin_client.post(STUCK, follow=True))
+        assert status_of(world["orphan"]) == status_of(world["expired"]) == Status.FAILED
+        assert status_of(gamma) == Status.READY
+
+    def test_rescue_needs_a_csrf_token(self, admin_user, world):
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(admin_user)
+        assert client.post(STUCK).status_code == 403
+        assert status_of(world["orphan"]) == Status.IN_PROGRESS
+
+
+class TestDashboard:
+    def test_a_row_per_queue(self, admin_client, world):
+        rows = queue_rows(admin_client.get(DASHBOARD))
+        assert set(rows) == {"alpha", "beta"}
+        alpha, beta = rows["alpha"], rows["beta"]
+        assert (alpha.ready, alpha.in_progress, alpha.failed, alpha.stuck) == (1, 1, 1, 0)
+        assert (beta.ready, beta.in_progress, beta.failed, beta.stuck) == (0, 2, 0, 2)
+        assert (alpha.consumers, beta.consumers) == (1, 0)  # the live consumer serves alpha
+        assert (alpha.done_last_hour, alpha.failed_last_hour) == (0, 1)
+        assert (beta.done_last_hour, beta.failed_last_hour) == (1, 0)
+        assert alpha.oldest_ready is not None and beta.oldest_ready is None
+
+    def test_oldest_ready_age(self, admin_client, db):
+        make("alpha", run_at=timezone.now() - dt.timedelta(minutes=3))
+        make("alpha", run_at=timezone.now() + dt.timedelta(hours=1))  # not due: not waiting
+        age = queue_rows(admin_client.get(DASHBOARD))["alpha"].oldest_ready
+        assert dt.timedelta(minutes=3) <= age < dt.timedelta(minutes=4)
+
+    def test_throughput_per_minute(self, admin_client, db):
+        now = timezone.now()
+        for minutes_ago, status in ((0, Status.DONE), (0, Status.DONE), (5, Status.FAILED)):
+            make("alpha", status, finished_at=now - dt.timedelta(minutes=minutes_ago))
+        make("alpha", Status.DONE, finished_at=now - dt.timedelta(hours=2))  # too old
+        response = admin_client.get(DASHBOARD)
+        minutes = response.context["overview"].minutes
+        assert len(minutes) == 60
+        assert (minutes[-1].done, minutes[-1].failed) == (2, 0)
+        assert sum(m.failed for m in minutes[-7:-4]) == 1
+        assert sum(m.done + m.failed for m in minutes) == 3
+        content = response.content.decode()
+        assert '<svg id="throughput-chart"' in content
+        assert "last 60 minutes: 2 done, 1 failed; busiest minute 2." in content
+
+    def test_the_page_links_and_refreshes(self, admin_client, world):
+        content = admin_client.get(DASHBOARD).content.decode()
+        assert '<tr data-queue="alpha">' in content
+        assert f'href="{ITEMS}?queue=alpha&amp;status__exact=4">1</a>' in content
+        assert 'id="dashboard-live" data-refresh-url="?fragment=1"' in content
+        assert "django_txqueue/dashboard.js" in content
+        fragment = admin_client.get(DASHBOARD, {"fragment": "1"}).content.decode()
+        assert '<table id="queue-table">' in fragment and "<html" not in fragment
+
+    def test_linked_from_the_app_index(self, admin_client, db):
+        app_index = reverse("admin:app_list", args=["django_txqueue"])
+        assert f'href="{DASHBOARD}"' in admin_client.get(app_index).content.decode()
+
+    def test_only_the_dashboard_page_exists(self, admin_client, world):
+        for suffix in ("add/", f"{world['ready'].pk}/change/", f"{world['ready'].pk}/delete/"):
+            assert admin_client.get(DASHBOARD + suffix).status_code == 404
+
+    def test_queries_do_not_grow_with_queues(self, admin_client, db):
+        def queries():
+            with CaptureQueriesContext(connection) as captured:
+                assert admin_client.get(DASHBOARD).status_code == 200
+            return len(captured)
+
+        make("q0", Status.FAILED, finished_at=timezone.now())
+        few = queries()
+        for n in range(1, 20):
+            make(f"q{n}", Status.FAILED, finished_at=timezone.now())
+            in_progress(f"q{n}", DEAD, expired=True)
+            Consumer.objects.create(identity=f"c{n}", host="h", os_pid=n, queues=[f"q{n}"])
+        assert queries() == few
+
+
+def test_duration():
+    assert duration(dt.timedelta(seconds=0.4)) == "0 s"
+    assert duration(dt.timedelta(seconds=45)) == "45 s"
+    assert duration(dt.timedelta(minutes=3, seconds=12)) == "3 min 12 s"
+    assert duration(dt.timedelta(hours=2, minutes=5, seconds=9)) == "2 h 5 min"
+    assert duration(dt.timedelta(days=3)) == "3 d"
+
+
 class TestPermissions:
+    @staticmethod
+    def pages(world):
+        return (
+            ITEMS,
+            CONSUMERS,
+            STUCK,
+            DASHBOARD,
+            f"{DASHBOARD}?fragment=1",
+            item_page(world["ready"]),
+            consumer_page(world["live"]),
+        )
+
     def test_anonymous_users_go_to_the_login_page(self, client, world):
-        for url in (ITEMS, CONSUMERS, item_page(world["ready"]), consumer_page(world["live"])):
+        for url in self.pages(world):
             response = client.get(url)
             assert response.status_code == 302
             assert response.url.startswith(reverse("admin:login"))
+        assert client.post(STUCK).url.startswith(reverse("admin:login"))
+        assert status_of(world["orphan"]) == Status.IN_PROGRESS
 
     def test_staff_without_view_permission_get_403(self, client, world):
-        client.force_login(staff("nobody"))
-        for url in (ITEMS, CONSUMERS, item_page(world["ready"]), consumer_page(world["live"])):
-            assert client.get(url).status_code == 403
+        client.force_login(staff("nobody", "view_consumer"))
+        for url in self.pages(world):
+            expected = 200 if url.startswith(CONSUMERS) else 403
+            assert client.get(url).status_code == expected, url
+        assert client.post(STUCK).status_code == 403
+        assert status_of(world["orphan"]) == Status.IN_PROGRESS
 
     def test_view_only_staff_see_the_pages(self, viewer, world):
         assert len(shown(viewer.get(ITEMS))) == 6
         assert len(shown(viewer.get(CONSUMERS))) == 3
-        assert viewer.get(item_page(world["ready"])).status_code == 200
-        assert viewer.get(consumer_page(world["live"])).status_code == 200
+        for url in self.pages(world):
+            assert viewer.get(url).status_code == 200, url
+        assert 'id="rescue-form"' not in viewer.get(STUCK).content.decode()
+        app_index = reverse("admin:app_list", args=["django_txqueue"])
+        assert f'href="{DASHBOARD}"' in viewer.get(app_index).content.decode()
+
+    def test_view_only_staff_cannot_rescue(self, viewer, world):
+        assert viewer.post(STUCK).status_code == 403
+        assert status_of(world["orphan"]) == status_of(world["expired"]) == Status.IN_PROGRESS
 
     def test_view_only_staff_change_nothing(self, viewer, world):
         before = dict(QueueItem.objects.values_list("pk", "status"))
@@ -262,6 +424,14 @@ class TestEscaping:
             content = admin_client.get(url).content.decode()
             assert SCRIPT not in content
             assert "&lt;script&gt;alert(1)&lt;/script&gt;" in content
+
+    def test_the_stuck_page_and_dashboard_escape(self, admin_client, db):
+        in_progress(SCRIPT, SCRIPT, expired=True)
+        Consumer.objects.create(identity="c", host="h", os_pid=1, queues=[SCRIPT])
+        for url in (STUCK, DASHBOARD, f"{DASHBOARD}?fragment=1"):
+            content = admin_client.get(url).content.decode()
+            assert SCRIPT not in content, url
+            assert "&lt;script&gt;alert(1)&lt;/script&gt;" in content, url
 
     def test_consumer_fields_are_escaped(self, admin_client, db):
         Consumer.objects.create(identity=SCRIPT, host=SCRIPT, os_pid=1, queues=[SCRIPT])

@@ -6,8 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from ...api import Queue
-from ...models import QueueItem
+from ...api import requeue_all_stuck
 from .. import add_queue_arguments, default_alias, selected_queues
 
 
@@ -23,12 +22,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["queues"]:
             queues = selected_queues(options["queues"], options["database"])
+            rescued = sum(queue.requeue_stuck() for queue in queues)
         else:
-            # Only the queues that have stuck items, each through Queue.requeue_stuck() so
-            # that per-queue rescue settings apply exactly as they do for named queues.
-            alias = default_alias(options["database"])
-            stuck = QueueItem.objects.using(alias).stuck().order_by()
-            names = sorted(set(stuck.values_list("queue", flat=True).distinct()))
-            queues = [Queue(name, using=alias) for name in names]
-        rescued = sum(queue.requeue_stuck() for queue in queues)
+            rescued = requeue_all_stuck(default_alias(options["database"]))
         self.stdout.write(self.style.SUCCESS(f"Rescued {rescued} stuck item(s)."))
