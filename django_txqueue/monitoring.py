@@ -115,18 +115,14 @@ def last_hour(items: QuerySet[QueueItem], row: Callable[[str], QueueRow]) -> lis
         .annotate(n=Count("pk"))
     )
     for group in finished:
-        done = group["status"] == Status.DONE
+        n, done = group["n"], group["status"] == Status.DONE
         queue = row(group["queue"])
-        if done:
-            queue.done_last_hour += group["n"]
-        else:
-            queue.failed_last_hour += group["n"]
+        queue.done_last_hour += n if done else 0
+        queue.failed_last_hour += 0 if done else n
         minute = minutes.get(group["minute"])
-        if minute is not None:  # a clock a little ahead of ours
-            if done:
-                minute.done += group["n"]
-            else:
-                minute.failed += group["n"]
+        if minute is not None:  # None: finished a little ahead of this process's clock
+            minute.done += n if done else 0
+            minute.failed += 0 if done else n
     return list(minutes.values())
 
 
@@ -165,7 +161,7 @@ def stuck_items(
             since.append((consumer.stopped_at, "consumer stopped"))
         elif consumer is not None and consumer.last_heartbeat_at + silence < now:
             since.append((consumer.last_heartbeat_at + silence, "consumer stopped heartbeating"))
-        if not since:  # turned stuck between the two reads; show it as of now
+        if not since:  # its consumer beat again between the two reads: stuck as of now
             since.append((now, "lease expired"))
         became_stuck = min(moment for moment, _ in since)
         reason = "; ".join(why for _, why in sorted(since))
