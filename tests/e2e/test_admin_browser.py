@@ -1,0 +1,280 @@
+"""The admin in a real browser: Playwright drives Debian's chromium against a live server of
+the example project, with a real consumer process, on a database of the example's own.
+
+Chromium is Debian's (``apt install chromium``), launched by its path: nothing is ever
+downloaded (no ``playwright install``). Playwright comes with the ``browser`` extra. Without
+either the tests skip, except under ``CI=true``, where that is a failure.
+
+Screenshots go to ``TXQUEUE_ARTIFACTS`` (default: ``browser-artifacts/`` in pytest's
+temporary directory); with ``TXQUEUE_UPDATE_SCREENSHOTS=1`` the SQLite run also copies them
+to ``docs/screenshots/``, which the README shows.
+"""
+
+import os
+import re
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+from .example import VENDOR, Example
+from .servers import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+CHROMIUM = "/usr/bin/chromium"
+# As this machine kind's notes start it: no sandbox (we are root), and no connections of
+# its own to Google's services, which the closed network refuses.
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+USERNAME, PASSWORD = "admin", "browser-test-password"
+CHANGELIST = "/admin/django_txqueue/queueitem/"
+WAIT = 15  # seconds for anything the consumer or the server does; each takes about one
+
+
+def browser_missing():
+    """Why the browser tests cannot run here, or None."""
+    if not Path(CHROMIUM).exists():
+        return f"no {CHROMIUM}: apt install chromium"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed: pip install -e '.[browser]'"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    reason = browser_missing()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the browser tests: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture(scope="module")
+def cinema(browser, example_database, tmp_path_factory):
+    """The example project with a superuser; its gateway and logs in a directory of ours."""
+    logs = tmp_path_factory.mktemp("cinema")
+    example = Example(example_database, logs / "gateway.sqlite3")
+    example.logs = logs
+    example.manage(
+        "createsuperuser",
+        "--noinput",
+        "--username",
+        USERNAME,
+        "--email",
+        "admin@example.com",
+        DJANGO_SUPERUSER_PASSWORD=PASSWORD,
+    )
+    return example
+
+
+@pytest.fixture(scope="module")
+def site_url(cinema):
+    """``runserver`` on a free port: the base URL. DEBUG on (the example's default), so
+    that Django's staticfiles serves the admin's CSS and JavaScript with no other server."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    args = ("runserver", "--noreload", f"127.0.0.1:{port}")
+    with cinema.running(*args, log=cinema.logs / "runserver.log", DJANGO_DEBUG="1") as server:
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/admin/login/", timeout=5).close()  # noqa: S310
+                break
+            except OSError:
+                log = (cinema.logs / "runserver.log").read_text()
+                assert server.poll() is None, f"runserver exited:\n{log}"
+                assert time.monotonic() < deadline, f"runserver did not answer:\n{log}"
+                time.sleep(0.1)
+        yield base
+
+
+@pytest.fixture(scope="session")
+def artifacts(request, tmp_path_factory):
+    """Where the screenshots go; the path is printed."""
+    path = Path(
+        os.environ.get("TXQUEUE_ARTIFACTS") or tmp_path_factory.getbasetemp() / "browser-artifacts"
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter:
+        reporter.write_line(f"browser screenshots: {path}")
+    return path
+
+
+def screenshot(page, artifacts, name):
+    """A full-page PNG ``{name}-{vendor}.png``; copied to docs/screenshots/{name}.png from
+    the SQLite run when TXQUEUE_UPDATE_SCREENSHOTS=1."""
+    path = artifacts / f"{name}-{VENDOR}.png"
+    page.screenshot(path=path, full_page=True)
+    if os.environ.get("TXQUEUE_UPDATE_SCREENSHOTS") == "1" and VENDOR == "sqlite":
+        docs = ROOT / "docs" / "screenshots"
+        docs.mkdir(exist_ok=True)
+        shutil.copyfile(path, docs / f"{name}.png")
+
+
+@pytest.fixture
+def page(browser, site_url):
+    """A page logged in to the admin through its login form."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context(base_url=site_url, viewport={"width": 1280, "height": 800})
+    context.set_default_timeout(WAIT * 1000)
+    expect.set_options(timeout=WAIT * 1000)
+    try:
+        page = context.new_page()
+        page.goto("/admin/login/")
+        page.get_by_label("Username").fill(USERNAME)
+        page.get_by_label("Password").fill(PASSWORD)
+        page.get_by_role("button", name="Log in").click()
+        expect(page.get_by_role("heading", name="Site administration")).to_be_visible()
+        yield page
+    finally:
+        context.close()
+
+
+# -- making items in the states the pages show ------------------------------------------
+
+
+def book(cinema, seat):
+    """Book ``seat`` (its SMS is queued); the pk of the SMS's queue item."""
+    out = cinema.manage("book", str(seat), f"+1555010{seat:02d}").stdout
+    booking = re.search(r"booking #(\d+)", out).group(1)
+    item = f"QueueItem.objects.get(key='booking:{booking}')"
+    return int(cinema.shell(f"from django_txqueue import QueueItem; print({item}.pk)"))
+
+
+def fail(cinema, pk):
+    """The item FAILED, as after its last attempt: through the API the admin's action uses."""
+    cinema.shell(
+        "from django_txqueue import QueueItem; "
+        f"QueueItem.objects.filter(pk={pk}).mark_failed("
+        "'cinema.gateway.GatewayError: provider unavailable')"
+    )
+
+
+def strand(cinema, pk):
+    """The item IN_PROGRESS under a consumer that is gone, its lease expired a minute ago."""
+    cinema.shell(
+        "import datetime as dt; from django.utils import timezone; "
+        "from django_txqueue import QueueItem; "
+        "ago = timezone.now() - dt.timedelta(minutes=2); "
+        f"QueueItem.objects.filter(pk={pk}).update(status=2, pid='gone:1', claim_token=1, "
+        "attempts=1, claimed_at=ago, lease_expires_at=ago + dt.timedelta(minutes=1))"
+    )
+
+
+def status_of(cinema, pk):
+    code = f"from django_txqueue import QueueItem; print(QueueItem.objects.get(pk={pk}).status)"
+    return int(cinema.shell(code))
+
+
+def reload_until(page, locator, text):
+    """Reload until ``locator`` contains ``text``: the page shows a row as it was read."""
+    deadline = time.monotonic() + WAIT
+    while text not in locator.inner_text():
+        assert time.monotonic() < deadline, f"no {text!r} in {locator.inner_text()!r}"
+        page.wait_for_timeout(250)
+        page.reload()
+
+
+# -- the scenarios ----------------------------------------------------------------------
+
+
+def test_requeue_a_failed_item_and_see_the_consumer_send_it(cinema, page):
+    from playwright.sync_api import expect
+
+    pk = book(cinema, 1)
+    fail(cinema, pk)
+    with cinema.running("run_queue_consumer", "sms", log=cinema.logs / "consumer.log"):
+        page.goto(CHANGELIST)
+        status_filter = page.locator('#changelist-filter details[data-filter-title="status"]')
+        status_filter.get_by_role("link", name="failed", exact=True).click()
+        expect(page).to_have_url(re.compile(r"status__exact=4"))
+        row = page.locator("#result_list tbody tr", has=page.locator(f'input[value="{pk}"]'))
+        expect(row).to_contain_text("failed")
+
+        row.locator("input.action-select").check()
+        page.locator("select[name=action]").select_option("requeue")
+        # "Go" until Django 6.1, "Run" since: the button by its place, not its text.
+        page.locator("div.actions button[name=index]").click()
+        expect(page.locator("ul.messagelist")).to_contain_text("Requeued 1 of 1 selected item.")
+
+        page.goto(f"{CHANGELIST}{pk}/change/")
+        reload_until(page, page.locator(".fieldBox.field-status_label .readonly"), "done")
+        expect(page.locator(".field-result_pretty")).to_contain_text('"sent_now": true')
+        expect(page.locator(".fieldBox.field-attempts .readonly")).to_have_text("1")
+
+
+def test_rescue_a_stuck_item_from_the_stuck_page(cinema, page, artifacts):
+    from playwright.sync_api import expect
+
+    # No consumer runs here: a live one would rescue the item before the page could.
+    pk = book(cinema, 2)
+    strand(cinema, pk)
+    page.goto(CHANGELIST)
+    page.get_by_role("link", name="Stuck items").click()
+    expect(page).to_have_url(re.compile(r"/admin/django_txqueue/queueitem/stuck/$"))
+    row = page.locator(f'#stuck-items tr[data-item-id="{pk}"]')
+    expect(row).to_be_visible()
+    screenshot(page, artifacts, "stuck")
+
+    page.locator("#rescue-form").get_by_role("button", name=re.compile(r"^Rescue")).click()
+    expect(page.locator("ul.messagelist")).to_contain_text(
+        re.compile(r"Rescued 1 stuck item(\(s\)|s)?\.")
+    )
+    expect(page).to_have_url(re.compile(r"/admin/django_txqueue/queueitem/stuck/$"))
+    expect(row).to_have_count(0)
+    assert status_of(cinema, pk) == 1  # READY
+
+
+def test_dashboard_shows_the_queues_and_links_to_the_failed_items(cinema, page, artifacts):
+    from playwright.sync_api import expect
+
+    failed = book(cinema, 3)
+    fail(cinema, failed)
+    book(cinema, 4)  # ready: no consumer runs
+
+    page.goto("/admin/")
+    page.locator("#content-main").get_by_role("link", name="Dashboard", exact=True).click()
+    expect(page).to_have_url(re.compile(r"/admin/django_txqueue/dashboard/$"))
+    sms = page.locator('#queue-table tr[data-queue="sms"]')
+    expect(sms.locator('td[data-column="failed"]')).to_have_text("1")
+    ready = sms.locator('td[data-column="ready"]')
+    expect(ready).to_have_text(re.compile(r"^\d+$"))
+    expect(page.locator("svg#throughput-chart")).to_be_visible()
+    screenshot(page, artifacts, "dashboard")
+
+    # The live part reads the counts again by itself: a new booking shows without a reload.
+    before = int(ready.inner_text())
+    book(cinema, 5)
+    expect(ready).to_have_text(str(before + 1))
+
+    sms.locator('td[data-column="failed"] a').click()
+    expect(page).to_have_url(re.compile(r"status__exact=4"))
+    expect(page).to_have_url(re.compile(r"queue=sms"))
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
+    expect(page.locator(f'#result_list input[value="{failed}"]')).to_have_count(1)
