@@ -74,11 +74,15 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def cinema(browser, example_database, tmp_path_factory):
-    """The example project with a superuser; its gateway and logs in a directory of ours."""
-    logs = tmp_path_factory.mktemp("cinema")
+def logs(tmp_path_factory):
+    """The server's and the consumer's output, and the fake gateway's file."""
+    return tmp_path_factory.mktemp("cinema")
+
+
+@pytest.fixture(scope="module")
+def cinema(browser, example_database, logs):
+    """The example project with a superuser."""
     example = Example(example_database, logs / "gateway.sqlite3")
-    example.logs = logs
     example.manage(
         "createsuperuser",
         "--noinput",
@@ -92,20 +96,20 @@ def cinema(browser, example_database, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def site_url(cinema):
+def site_url(cinema, logs):
     """``runserver`` on a free port: the base URL. DEBUG on (the example's default), so
     that Django's staticfiles serves the admin's CSS and JavaScript with no other server."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     args = ("runserver", "--noreload", f"127.0.0.1:{port}")
-    with cinema.running(*args, log=cinema.logs / "runserver.log", DJANGO_DEBUG="1") as server:
+    with cinema.running(*args, log=logs / "runserver.log", DJANGO_DEBUG="1") as server:
         deadline = time.monotonic() + WAIT
         while True:
             try:
                 urllib.request.urlopen(f"{base}/admin/login/", timeout=5).close()  # noqa: S310
                 break
             except OSError:
-                log = (cinema.logs / "runserver.log").read_text()
+                log = (logs / "runserver.log").read_text()
                 assert server.poll() is None, f"runserver exited:\n{log}"
                 assert time.monotonic() < deadline, f"runserver did not answer:\n{log}"
                 time.sleep(0.1)
@@ -136,55 +140,73 @@ def screenshot(page, artifacts, name):
         shutil.copyfile(path, docs / f"{name}.png")
 
 
-@pytest.fixture
-def page(browser, site_url):
-    """A page logged in to the admin through its login form."""
+def new_page(browser, site_url, **options):
     from playwright.sync_api import expect
 
-    context = browser.new_context(base_url=site_url, viewport={"width": 1280, "height": 800})
+    context = browser.new_context(
+        base_url=site_url, viewport={"width": 1280, "height": 800}, **options
+    )
     context.set_default_timeout(WAIT * 1000)
     expect.set_options(timeout=WAIT * 1000)
+    return context.new_page()
+
+
+@pytest.fixture(scope="module")
+def logged_in(browser, site_url):
+    """The session cookie of a login through the admin's form, once per module: each login
+    costs a password hash."""
+    from playwright.sync_api import expect
+
+    page = new_page(browser, site_url)
     try:
-        page = context.new_page()
         page.goto("/admin/login/")
         page.get_by_label("Username").fill(USERNAME)
         page.get_by_label("Password").fill(PASSWORD)
         page.get_by_role("button", name="Log in").click()
         expect(page.get_by_role("heading", name="Site administration")).to_be_visible()
+        return page.context.storage_state()
+    finally:
+        page.context.close()
+
+
+@pytest.fixture
+def page(browser, site_url, logged_in):
+    """A fresh browser context with the admin session of ``logged_in``."""
+    page = new_page(browser, site_url, storage_state=logged_in)
+    try:
         yield page
     finally:
-        context.close()
+        page.context.close()
 
 
 # -- making items in the states the pages show ------------------------------------------
 
 
-def book(cinema, seat):
-    """Book ``seat`` (its SMS is queued); the pk of the SMS's queue item."""
-    out = cinema.manage("book", str(seat), f"+1555010{seat:02d}").stdout
-    booking = re.search(r"booking #(\d+)", out).group(1)
-    item = f"QueueItem.objects.get(key='booking:{booking}')"
-    return int(cinema.shell(f"from django_txqueue import QueueItem; print({item}.pk)"))
+# Each in one ``manage.py shell``: a process start is most of what a step costs.
+BOOKED = """
+from cinema import sms
+from cinema.booking import book_seat
+from django_txqueue import QueueItem
+booking = book_seat({seat}, "+15550100{seat:02d}")  # the booking page's code path
+item = QueueItem.objects.filter(key=sms.item_key(booking.pk))
+{then}
+print(item.get().pk)
+"""
+# FAILED as after its last attempt, through the API the admin's action uses.
+FAILED = 'item.mark_failed("cinema.gateway.GatewayError: provider unavailable")'
+# IN_PROGRESS under a consumer that is gone, its lease expired a minute ago.
+STRANDED = """
+import datetime as dt
+from django.utils import timezone
+ago = timezone.now() - dt.timedelta(minutes=2)
+item.update(status=2, pid="gone:1", claim_token=1, attempts=1, claimed_at=ago,
+            lease_expires_at=ago + dt.timedelta(minutes=1))
+"""
 
 
-def fail(cinema, pk):
-    """The item FAILED, as after its last attempt: through the API the admin's action uses."""
-    cinema.shell(
-        "from django_txqueue import QueueItem; "
-        f"QueueItem.objects.filter(pk={pk}).mark_failed("
-        "'cinema.gateway.GatewayError: provider unavailable')"
-    )
-
-
-def strand(cinema, pk):
-    """The item IN_PROGRESS under a consumer that is gone, its lease expired a minute ago."""
-    cinema.shell(
-        "import datetime as dt; from django.utils import timezone; "
-        "from django_txqueue import QueueItem; "
-        "ago = timezone.now() - dt.timedelta(minutes=2); "
-        f"QueueItem.objects.filter(pk={pk}).update(status=2, pid='gone:1', claim_token=1, "
-        "attempts=1, claimed_at=ago, lease_expires_at=ago + dt.timedelta(minutes=1))"
-    )
+def booked(cinema, seat, then=""):
+    """Book ``seat`` (its SMS is queued), then run ``then`` on its item; the item's pk."""
+    return int(cinema.shell(BOOKED.format(seat=seat, then=then)))
 
 
 def status_of(cinema, pk):
@@ -204,12 +226,11 @@ def reload_until(page, locator, text):
 # -- the scenarios ----------------------------------------------------------------------
 
 
-def test_requeue_a_failed_item_and_see_the_consumer_send_it(cinema, page):
+def test_requeue_a_failed_item_and_see_the_consumer_send_it(cinema, page, logs):
     from playwright.sync_api import expect
 
-    pk = book(cinema, 1)
-    fail(cinema, pk)
-    with cinema.running("run_queue_consumer", "sms", log=cinema.logs / "consumer.log"):
+    pk = booked(cinema, 1, then=FAILED)
+    with cinema.running("run_queue_consumer", "sms", log=logs / "consumer.log"):
         page.goto(CHANGELIST)
         status_filter = page.locator('#changelist-filter details[data-filter-title="status"]')
         status_filter.get_by_role("link", name="failed", exact=True).click()
@@ -233,8 +254,7 @@ def test_rescue_a_stuck_item_from_the_stuck_page(cinema, page, artifacts):
     from playwright.sync_api import expect
 
     # No consumer runs here: a live one would rescue the item before the page could.
-    pk = book(cinema, 2)
-    strand(cinema, pk)
+    pk = booked(cinema, 2, then=STRANDED)
     page.goto(CHANGELIST)
     page.get_by_role("link", name="Stuck items").click()
     expect(page).to_have_url(re.compile(r"/admin/django_txqueue/queueitem/stuck/$"))
@@ -254,9 +274,8 @@ def test_rescue_a_stuck_item_from_the_stuck_page(cinema, page, artifacts):
 def test_dashboard_shows_the_queues_and_links_to_the_failed_items(cinema, page, artifacts):
     from playwright.sync_api import expect
 
-    failed = book(cinema, 3)
-    fail(cinema, failed)
-    book(cinema, 4)  # ready: no consumer runs
+    failed = booked(cinema, 3, then=FAILED)
+    booked(cinema, 4)  # ready: no consumer runs
 
     page.goto("/admin/")
     page.locator("#content-main").get_by_role("link", name="Dashboard", exact=True).click()
@@ -270,7 +289,7 @@ def test_dashboard_shows_the_queues_and_links_to_the_failed_items(cinema, page, 
 
     # The live part reads the counts again by itself: a new booking shows without a reload.
     before = int(ready.inner_text())
-    book(cinema, 5)
+    booked(cinema, 5)
     expect(ready).to_have_text(str(before + 1))
 
     sms.locator('td[data-column="failed"] a').click()
