@@ -203,6 +203,21 @@ item.update(status=2, pid="gone:1", claim_token=1, attempts=1, claimed_at=ago,
             lease_expires_at=ago + dt.timedelta(minutes=1))
 """
 
+# An hour of SMS sent before the tests (DONE rows, a few each minute), so that the
+# throughput chart, and its screenshot, have something to draw.
+HISTORY = """
+import datetime as dt
+import random
+from django.utils import timezone
+from django_txqueue import QueueItem
+now = timezone.now()
+QueueItem.objects.bulk_create(
+    QueueItem(queue="sms", payload={}, status=3, attempts=1,
+              finished_at=now - dt.timedelta(minutes=minute, seconds=10 + n))
+    for minute in range(1, 60) for n in range(random.Random(minute).randint(1, 6))
+)
+"""
+
 
 def booked(cinema, seat, then=""):
     """Book ``seat`` (its SMS is queued), then run ``then`` on its item; the item's pk."""
@@ -274,6 +289,7 @@ def test_rescue_a_stuck_item_from_the_stuck_page(cinema, page, artifacts):
 def test_dashboard_shows_the_queues_and_links_to_the_failed_items(cinema, page, artifacts):
     from playwright.sync_api import expect
 
+    cinema.shell(HISTORY)
     failed = booked(cinema, 3, then=FAILED)
     booked(cinema, 4)  # ready: no consumer runs
 
