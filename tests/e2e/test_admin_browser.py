@@ -61,8 +61,9 @@ def browser():
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the browser tests: {reason}")
         pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    expect.set_options(timeout=WAIT * 1000)
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(
             executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS
@@ -141,13 +142,11 @@ def screenshot(page, artifacts, name):
 
 
 def new_page(browser, site_url, **options):
-    from playwright.sync_api import expect
-
+    """A page in a context of its own (cookies, storage), a fixed size for screenshots."""
     context = browser.new_context(
         base_url=site_url, viewport={"width": 1280, "height": 800}, **options
     )
     context.set_default_timeout(WAIT * 1000)
-    expect.set_options(timeout=WAIT * 1000)
     return context.new_page()
 
 
@@ -297,9 +296,11 @@ def test_dashboard_shows_the_queues_and_links_to_the_failed_items(cinema, page, 
     page.locator("#content-main").get_by_role("link", name="Dashboard", exact=True).click()
     expect(page).to_have_url(re.compile(r"/admin/django_txqueue/dashboard/$"))
     sms = page.locator('#queue-table tr[data-queue="sms"]')
-    expect(sms.locator('td[data-column="failed"]')).to_have_text("1")
+    # Counts, not exact numbers: the earlier tests' items are there too, whatever their fate.
+    failed_cell = sms.locator('td[data-column="failed"]')
+    expect(failed_cell).to_have_text(re.compile(r"^[1-9]\d*$"))
     ready = sms.locator('td[data-column="ready"]')
-    expect(ready).to_have_text(re.compile(r"^\d+$"))
+    expect(ready).to_have_text(re.compile(r"^[1-9]\d*$"))
     expect(page.locator("svg#throughput-chart")).to_be_visible()
     screenshot(page, artifacts, "dashboard")
 
@@ -308,8 +309,9 @@ def test_dashboard_shows_the_queues_and_links_to_the_failed_items(cinema, page, 
     booked(cinema, 5)
     expect(ready).to_have_text(str(before + 1))
 
-    sms.locator('td[data-column="failed"] a').click()
+    failed_count = int(failed_cell.inner_text())
+    failed_cell.locator("a").click()
     expect(page).to_have_url(re.compile(r"status__exact=4"))
     expect(page).to_have_url(re.compile(r"queue=sms"))
-    expect(page.locator("#result_list tbody tr")).to_have_count(1)
+    expect(page.locator("#result_list tbody tr")).to_have_count(failed_count)
     expect(page.locator(f'#result_list input[value="{failed}"]')).to_have_count(1)
