@@ -20,7 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 HINTS = {
     "mysql": "mysqlclient compiles against the MySQL client headers: on Debian or Ubuntu, "
     "apt install libmariadb-dev pkg-config",
+    "browser": "The browser tests drive Debian's chromium at /usr/bin/chromium (Playwright "
+    "never downloads one here): apt install chromium",
 }
+# What an extra needs from outside pip: its hint is printed when this path is missing.
+SYSTEM = {"browser": Path("/usr/bin/chromium")}
 
 
 def ensure(extras: list[str]) -> Path:
@@ -46,6 +50,9 @@ def ensure(extras: list[str]) -> Path:
     if wanted != installed["extras"] or not record.exists():
         install(python, wanted, django)
         record.write_text(json.dumps({**installed, "extras": wanted}))
+    for extra in wanted:
+        if extra in SYSTEM and not SYSTEM[extra].exists():
+            print(f"--- {HINTS[extra]}", file=sys.stderr, flush=True)
     return python
 
 
