@@ -96,7 +96,8 @@ class EstimatedCountPaginator(AnyPaginator):
             if rows is not None and rows > self.exact_up_to:
                 return rows
             return queryset.count()
-        counted = queryset[: self.exact_up_to + 1].count()
+        # Without the page's ordering and annotations: any index on the filter will do.
+        counted = queryset.order_by().values("pk")[: self.exact_up_to + 1].count()
         if counted <= self.exact_up_to:
             return counted
         return max(dialect.approximate_count(queryset), counted)

@@ -219,7 +219,7 @@ def dashboard_queries() -> list[tuple[str, Callable[[], Any]]]:
 
     from django.contrib import admin
     from django.contrib.auth.models import User
-    from django.db.models import Count, Min
+    from django.db.models import Count, Min, Q
     from django.db.models.functions import TruncMinute
     from django.test import RequestFactory
     from django.utils import timezone
@@ -234,9 +234,21 @@ def dashboard_queries() -> list[tuple[str, Callable[[], Any]]]:
     annotated = admin.site._registry[QueueItem].get_queryset(request).order_by("-pk")
     return [
         (
-            "counts per queue and state (ready, in progress, failed)",
+            "counts per queue and state, status__in=[1, 2, 4]",
             lambda: list(
                 items.filter(status__in=unfinished)
+                .values("queue", "status")
+                .annotate(n=Count("pk"))
+            ),
+        ),
+        # The same as an OR of equalities: PostgreSQL then combines the three partial
+        # indexes (a BitmapOr), where it scans the table for the IN list.
+        (
+            "counts per queue and state, status=1 | status=2 | status=4",
+            lambda: list(
+                items.filter(
+                    Q(status=Status.READY) | Q(status=Status.IN_PROGRESS) | Q(status=Status.FAILED)
+                )
                 .values("queue", "status")
                 .annotate(n=Count("pk"))
             ),
