@@ -49,7 +49,8 @@ STATUS_COLOURS: dict[int, str] = {
 }
 STUCK_COLOUR = "#9333ea"
 
-# ModelAdmin and Paginator are generic only in django-stubs; at run time it cannot be subscripted.
+# ModelAdmin and Paginator are generic only in django-stubs; at run time neither can be
+# subscripted.
 if TYPE_CHECKING:
     QueueItemModelAdmin = admin.ModelAdmin[QueueItem]
     ConsumerModelAdmin = admin.ModelAdmin[Consumer]

@@ -88,7 +88,7 @@ class NotNullIndex(models.Index):
         **kwargs: Any,
     ) -> Statement:
         if schema_editor.connection.features.supports_partial_indexes:
-            first = self.fields[0]
+            first = self.fields[0].lstrip("-")  # a descending field is named "-field"
             index = models.Index(
                 fields=list(self.fields),
                 name=self.name,
