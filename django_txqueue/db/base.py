@@ -92,6 +92,16 @@ class Dialect:
         """Rows ``queryset`` would return, estimated without a scan where possible."""
         return queryset.count()
 
+    def table_rows(self, queryset: QuerySet[Any]) -> int | None:
+        """The number of rows in ``queryset``'s table from the statistics (no scan), or
+        None where the database keeps none; only worth asking of an unfiltered queryset."""
+        return None
+
+    def distinct_values(self, queryset: QuerySet[Any], field: str) -> list[Any]:
+        """The distinct values of ``field`` in ``queryset``'s table, sorted; fast where an
+        index is led by the field (a loose index scan), which the vendors may override."""
+        return list(queryset.order_by(field).values_list(field, flat=True).distinct())
+
     def listen(self, alias: str) -> Listener | None:
         """A listener for new-work announcements, or None where the database has none."""
         return None

@@ -79,6 +79,18 @@ class MySQL(Dialect):
     def is_transient(self, exc: DatabaseError) -> bool:
         return bool(exc.args) and exc.args[0] in TRANSIENT_ERRORS
 
+    def table_rows(self, queryset: QuerySet[Any]) -> int | None:
+        """InnoDB's estimate in information_schema (off by up to ~50%, never a scan)."""
+        connection = connections[queryset.db]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT TABLE_ROWS FROM information_schema.TABLES"
+                " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+                [queryset.model._meta.db_table],
+            )
+            row = cursor.fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
     def approximate_count(self, queryset: QuerySet[Any]) -> int:
         """InnoDB's row estimate for ``queryset`` from EXPLAIN (index dives, no scan)."""
         connection = connections[queryset.db]

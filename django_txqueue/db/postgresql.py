@@ -86,6 +86,32 @@ class PostgreSQL(Dialect):
             plan = json.loads(plan)
         return int(plan[0]["Plan"]["Plan Rows"])
 
+    def table_rows(self, queryset: QuerySet[Any]) -> int | None:
+        """pg_class.reltuples: kept by VACUUM and ANALYZE; -1 until the table is analyzed."""
+        connection = connections[queryset.db]
+        table = connection.ops.quote_name(queryset.model._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", [table])
+            row = cursor.fetchone()
+        return int(row[0]) if row and row[0] is not None and row[0] >= 0 else None
+
+    def distinct_values(self, queryset: QuerySet[Any], field: str) -> list[Any]:
+        """A skip scan, which PostgreSQL does not do by itself: a recursive query that
+        jumps from each value to the next one through the index led by the field, one
+        index probe per distinct value instead of a scan of every row."""
+        connection = connections[queryset.db]
+        table = connection.ops.quote_name(queryset.model._meta.db_table)
+        column = connection.ops.quote_name(queryset.model._meta.get_field(field).column)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH RECURSIVE v (value) AS ("
+                f" (SELECT {column} FROM {table} ORDER BY {column} LIMIT 1)"
+                f" UNION ALL SELECT (SELECT {column} FROM {table} WHERE {column} > v.value"
+                f" ORDER BY {column} LIMIT 1) FROM v WHERE v.value IS NOT NULL"
+                f") SELECT value FROM v WHERE value IS NOT NULL"
+            )
+            return [row[0] for row in cursor.fetchall()]
+
     def listen(self, alias: str) -> NotifyListener:
         return NotifyListener(alias)
 
