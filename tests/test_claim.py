@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from django_txqueue import Queue, Status
 from django_txqueue.db import dialect
-from django_txqueue.models import QueueItem
+from django_txqueue.db.compiler import ClaimStatement
+from django_txqueue.models import Dashboard, QueueItem
 from django_txqueue.store import consumer_identity
 from tests.helpers import strategies
 from tests.testapp.models import Thing
@@ -250,6 +251,14 @@ class TestClaimPlans:
         for number, (sql, params) in enumerate(statements):
             plan = self.explain(sql, params)
             self.assert_plan(plan, ready_index if number == 0 else None)
+
+
+def test_the_ready_index_is_the_models_own():
+    """What update_limit's index hint names on MySQL: a QueueModel subclass's own READY
+    index, and for a proxy its concrete model's."""
+    assert ClaimStatement(QueueItem.objects.all(), 1).ready_index == "txqueue_item_ready"
+    assert ClaimStatement(Dashboard.objects.all(), 1).ready_index == "txqueue_item_ready"
+    assert ClaimStatement(Thing.objects.all(), 1).ready_index == "testapp_thing_rdy"
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB lock-wait timeouts")

@@ -189,8 +189,12 @@ class ClaimStatement:
 
     @cached_property
     def ready_index(self) -> str | None:
-        """The name of the model's READY ``StatusIndex`` (built for the claim order), if any."""
-        for index in self.model._meta.indexes:
+        """The name of the model's READY ``StatusIndex`` (built for the claim order), if any.
+
+        A proxy model's Meta has no indexes of its own: its table's are its concrete model's.
+        """
+        model = self.model._meta.concrete_model or self.model
+        for index in model._meta.indexes:
             # Only a StatusIndex has a status (models.py imports this module, not the reverse).
             if getattr(index, "status", None) == Status.READY:
                 return str(index.name)
