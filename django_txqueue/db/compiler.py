@@ -188,6 +188,19 @@ class ClaimStatement:
         return f"CASE {cases}ELSE {expiry} END", [*params, default]
 
     @cached_property
+    def ready_index(self) -> str | None:
+        """The name of the model's READY ``StatusIndex`` (built for the claim order), if any.
+
+        A proxy model's Meta has no indexes of its own: its table's are its concrete model's.
+        """
+        model = self.model._meta.concrete_model or self.model
+        for index in model._meta.indexes:
+            # Only a StatusIndex has a status (models.py imports this module, not the reverse).
+            if getattr(index, "status", None) == Status.READY:
+                return str(index.name)
+        return None
+
+    @cached_property
     def has_queues(self) -> bool:
         return has_field(self.model, "queue")
 

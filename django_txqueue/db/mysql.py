@@ -57,9 +57,15 @@ class MySQL(Dialect):
         """
         where, order, where_params = claim.where_and_order()
         assignments, assignment_params = claim.assignments(values)
+        table = claim.table
+        if claim.ready_index:
+            # The single-table UPDATE planner would pick the shorter (status, claim_token)
+            # index and filesort every READY row, locking them all; the READY index reads
+            # the rows in claim order and stops at the LIMIT.
+            table += f" FORCE INDEX ({claim.quote(claim.ready_index)})"
         with claim.connection.cursor() as cursor:
             cursor.execute(
-                f"UPDATE {claim.table} SET {assignments} WHERE {where} ORDER BY {order} LIMIT %s",
+                f"UPDATE {table} SET {assignments} WHERE {where} ORDER BY {order} LIMIT %s",
                 assignment_params + where_params + [claim.limit],
             )
             if cursor.rowcount == 0:
