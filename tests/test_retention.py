@@ -17,7 +17,7 @@ from django.utils import timezone
 from django_txqueue import Queue, Status, conf, store
 from django_txqueue.liveness import Liveness
 from django_txqueue.models import Consumer, Effect, QueueItem
-from tests.helpers import ROOT, child_env, wait_for
+from tests.helpers import ROOT, child_env, finished_items, wait_for
 
 OLD = dt.timedelta(days=10)
 
@@ -144,13 +144,7 @@ class TestLock:
 
 
 def finished(queue, status=Status.DONE, ago=OLD, n=1):
-    """``n`` items of ``queue`` that finished ``ago``."""
-    Queue(queue).enqueue_many([{}] * n)
-    items = Queue(queue).claim(n)
-    for item in items:
-        assert item.ack() if status == Status.DONE else item.fail("boom")
-    QueueItem.objects.filter(pk__in=[i.pk for i in items]).update(finished_at=timezone.now() - ago)
-    return {item.pk for item in items}
+    return finished_items(queue, n, ago=ago, failed=status == Status.FAILED)
 
 
 def liveness(*queues, on_database_error=lambda: None):
