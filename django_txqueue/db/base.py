@@ -3,8 +3,8 @@
 A dialect holds what differs between databases, as named facts (like Django's
 ``DatabaseFeatures``) and as the SQL that only that vendor writes: the two claim
 strategies, lease arithmetic, which errors are worth retrying, a cheap row estimate,
-and how an idle consumer hears of new work. Dialects hold no connection (connections
-are per thread); every method is given the one to use.
+how an idle consumer hears of new work, and a lock that is only ever tried. Dialects
+hold no connection (connections are per thread); every method is given the one to use.
 """
 
 from __future__ import annotations
