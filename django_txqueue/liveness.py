@@ -11,8 +11,8 @@
 - Purge, every ``PURGE_INTERVAL`` from start-up, of its queues' DONE and FAILED items
   finished over their ``RETENTION`` ago, and of the ``once()`` records older than the
   longest retention. One consumer of a database purges at a time (a lock it only tries,
-  so the others skip), in batches, and only until its next heartbeat is due; what is
-  left waits for the next run, right after that heartbeat.
+  so the others skip), in batches, for at most ``PURGE_RUN`` and never past its next
+  heartbeat; what is left waits for the next run, right after that heartbeat.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 RETRY_PAUSE = 0.5
 # A claim of ours older than this that we do not hold lost its answer on the way back.
 LOST_CLAIM_AGE = timedelta(seconds=10)
+# A purge deletes for at most this many seconds at a time, and never past a heartbeat, so
+# a backlog (the first purge after an upgrade) is worked off in short bursts.
+PURGE_RUN = 1.0
 
 # (item, monotonic time its handler started or None) for each item in flight.
 Held = Callable[[], Iterable[tuple[QueueItem, "float | None"]]]
@@ -101,7 +104,8 @@ class Liveness:
                     continue
                 if now >= next_purge:
                     next_purge = now + conf.get("PURGE_INTERVAL")
-                    if not self._purge_safely(until=next_beat):
+                    until = min(next_beat, time.monotonic() + PURGE_RUN)
+                    if not self._purge_safely(until):
                         next_purge = next_beat  # cut short: go on after the heartbeat
         finally:
             connections.close_all()

@@ -395,10 +395,10 @@ def delete_in_batches(rows: QuerySet[Any], *, until: float | None = None) -> int
     """Delete ``rows`` a batch of PURGE_BATCH primary keys at a time; how many were deleted.
 
     With ``until`` (a ``time.monotonic()`` instant) it stops after the batch that reaches
-    it, leaving the rest for later.
+    it (always doing one, so that it makes progress), leaving the rest for later.
     """
     deleted, after = 0, 0
-    while until is None or time.monotonic() < until:
+    while True:
         batch = list(
             rows.filter(pk__gt=after).order_by("pk").values_list("pk", flat=True)[:PURGE_BATCH]
         )
@@ -406,7 +406,8 @@ def delete_in_batches(rows: QuerySet[Any], *, until: float | None = None) -> int
             return deleted
         deleted += int(rows.filter(pk__in=batch).delete()[0])
         after = batch[-1]
-    return deleted
+        if until is not None and time.monotonic() >= until:
+            return deleted
 
 
 def try_lock(alias: str, name: str) -> AbstractContextManager[bool]:

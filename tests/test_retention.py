@@ -218,9 +218,11 @@ class TestPurge:
         liveness("a", "b")._purge(until=time.monotonic() + 60)
         assert remaining() == items["kept"]
 
-    def test_cut_short_at_the_deadline(self, items):
+    def test_cut_short_at_the_deadline_after_a_batch_per_queue(self, items, monkeypatch):
+        monkeypatch.setattr(store, "PURGE_BATCH", 1)
         assert liveness("a", "b")._purge(until=time.monotonic() - 1) is False
-        assert remaining() == items["old"] | items["kept"]
+        left = remaining() - items["kept"]
+        assert left < items["old"] and len(left) == len(items["old"]) - 2
 
     def test_once_records_older_than_the_longest_retention(self, db, settings):
         settings.TXQUEUE = {"RETENTION": 3600, "QUEUES": {"long": {"RETENTION": 86400}}}
@@ -241,6 +243,25 @@ class TestPurge:
         )
         assert "purge failed" in caplog.text and "disk full" in caplog.text
         assert errors == [1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_purge_cut_short_goes_on_after_the_next_heartbeat(settings, monkeypatch):
+    """One batch of one item per run (PURGE_RUN 0): the whole backlog goes, one run per
+    heartbeat, long before the next PURGE_INTERVAL."""
+    settings.TXQUEUE = {"HEARTBEAT_INTERVAL": 0.05, "PURGE_INTERVAL": 3600, "RETENTION": 60}
+    monkeypatch.setattr(store, "PURGE_BATCH", 1)
+    monkeypatch.setattr("django_txqueue.liveness.PURGE_RUN", 0)
+    old = finished("a", n=5)
+    kept = finished("a", ago=dt.timedelta(0))
+    thread = liveness("a")
+    thread.start()
+    try:
+        assert wait_for(lambda: remaining() == kept, timeout=20)
+    finally:
+        thread.stopping.set()
+        thread.stop()
+    assert not old & remaining()
 
 
 @pytest.mark.django_db(transaction=True)
