@@ -170,8 +170,10 @@ class Liveness:
                 retention = conf.retention(queue.name)
                 if retention is not None:
                     items += store.purge(queue.items, retention, until=until)
+                    if time.monotonic() >= until:
+                        break  # the other queues next time (each purge does a batch at least)
             effects, kept_for = 0, conf.effect_retention()
-            if kept_for is not None:
+            if kept_for is not None and time.monotonic() < until:
                 effects = store.purge_effects(
                     Effect.objects.using(self.using), kept_for, until=until
                 )

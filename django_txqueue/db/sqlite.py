@@ -47,8 +47,8 @@ class SQLite(Dialect):
     def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> Iterator[bool]:
         """SQLite has no named locks, and its write lock would stop every claim: a
         non-blocking ``flock`` of a file beside the database instead (one host shares a
-        SQLite file). An in-memory database, or a system without ``flock``, has one
-        process to itself."""
+        SQLite file). An in-memory database (or a ``file:`` URI), or a system without
+        ``flock``, goes without: every try succeeds."""
         database = str(connection.settings_dict["NAME"])
         if fcntl is None or database == ":memory:" or database.startswith("file:"):
             yield True
