@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -19,6 +20,18 @@ def _positive_number(value: Any) -> bool:
 
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+# A century: beyond any real retention, and within every vendor's date arithmetic.
+MAX_RETENTION = timedelta(days=36500)
+
+
+def _retention(value: Any) -> bool:
+    if _positive_number(value):
+        return bool(value <= MAX_RETENTION.total_seconds())
+    if isinstance(value, timedelta):
+        return timedelta(0) < value <= MAX_RETENTION
+    return value is None
 
 
 def _database(value: Any) -> bool:
@@ -40,6 +53,8 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "QUEUES": (lambda v: isinstance(v, dict), "a dict of queue name to overrides"),
     "HEARTBEAT_INTERVAL": (_positive_number, "a positive number of seconds"),
     "RESCUE_INTERVAL": (_positive_number, "a positive number of seconds"),
+    "PURGE_INTERVAL": (_positive_number, "a positive number of seconds"),
+    "RETENTION": (_retention, "None, or seconds or a timedelta, positive and at most 36500 days"),
     "POLL_INTERVAL": (_positive_number, "a positive number of seconds"),
     "SHUTDOWN_TIMEOUT": (_positive_number, "a positive number of seconds"),
     "LOCAL_WAKEUP": (_flag, "True or False"),

@@ -32,6 +32,8 @@ DEFAULTS: dict[str, Any] = {
     "HEARTBEAT_INTERVAL": 10,
     # ...between rescues of stuck items...
     "RESCUE_INTERVAL": 30,
+    # ...between purges of finished items older than RETENTION...
+    "PURGE_INTERVAL": 300,
     # ...the longest idle wait between polls (wake-ups cut it short)...
     "POLL_INTERVAL": 2,
     # ...and how long a stopping consumer lets in-flight handlers finish.
@@ -39,6 +41,9 @@ DEFAULTS: dict[str, Any] = {
     # Wake idle consumers on this host with a loopback datagram where the database has no
     # LISTEN/NOTIFY (MySQL, MariaDB, SQLite). Polling remains the fallback.
     "LOCAL_WAKEUP": True,
+    # How long DONE and FAILED items are kept before consumers purge them: seconds or a
+    # timedelta; None keeps them (purge with txqueue_purge instead).
+    "RETENTION": timedelta(days=7),
     # Per-queue overrides: {"sms": {"LEASE": 30, "MAX_ATTEMPTS": 10}}.
     "QUEUES": {},
 }
@@ -55,6 +60,7 @@ QUEUE_KEYS: dict[str, str | None] = {
     "RESCUE": None,
     # Seconds a handler may run before its lease stops being renewed (None: no limit).
     "TIMEOUT": None,
+    "RETENTION": "RETENTION",
 }
 
 STRATEGIES = ("auto", "skip_locked", "update_limit")
@@ -110,3 +116,26 @@ def lease_overrides() -> dict[str, timedelta]:
         for name, options in _merged()["QUEUES"].items()
         if options.get("LEASE", default) != default
     }
+
+
+def retention(queue: str | None = None) -> timedelta | None:
+    """How long ``queue``'s finished items are kept (None: the top-level ``RETENTION``),
+    or None when they are kept until someone purges them."""
+    value = get("RETENTION") if queue is None else queue_option(queue, "RETENTION")
+    return _duration(value)
+
+
+def effect_retention() -> timedelta | None:
+    """How long ``once()`` records are kept: the longest retention of any item that could
+    have made one, so a requeued item never repeats its effect (None: kept)."""
+    values = [get("RETENTION")] + [
+        options["RETENTION"] for options in _merged()["QUEUES"].values() if "RETENTION" in options
+    ]
+    durations = [_duration(value) for value in values]
+    return None if None in durations else max(d for d in durations if d is not None)
+
+
+def _duration(value: float | timedelta | None) -> timedelta | None:
+    if value is None or isinstance(value, timedelta):
+        return value
+    return timedelta(seconds=value)

@@ -8,6 +8,11 @@
 - Rescue of the stuck items of its queues on a timer of its own, every
   ``RESCUE_INTERVAL`` from start-up: an item whose consumer died is READY again within
   its lease plus ``RESCUE_INTERVAL`` of the death, while any consumer of its queue runs.
+- Purge, every ``PURGE_INTERVAL`` from start-up, of its queues' DONE and FAILED items
+  finished over their ``RETENTION`` ago, and of the ``once()`` records older than the
+  longest retention. One consumer of a database purges at a time (a lock it only tries,
+  so the others skip), in batches, for at most ``PURGE_RUN`` and never past its next
+  heartbeat; what is left waits for the next run, right after that heartbeat.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from django.db import DatabaseError, connections
 
 from . import conf, store
 from .api import Queue
-from .models import Consumer, QueueItem
+from .models import Consumer, Effect, QueueItem
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +35,9 @@ logger = logging.getLogger(__name__)
 RETRY_PAUSE = 0.5
 # A claim of ours older than this that we do not hold lost its answer on the way back.
 LOST_CLAIM_AGE = timedelta(seconds=10)
+# A purge deletes for at most this many seconds at a time, and never past a heartbeat, so
+# a backlog (the first purge after an upgrade) is worked off in short bursts.
+PURGE_RUN = 1.0
 
 # (item, monotonic time its handler started or None) for each item in flight.
 Held = Callable[[], Iterable[tuple[QueueItem, "float | None"]]]
@@ -74,9 +82,11 @@ class Liveness:
             store.stop(self.consumer, processed=processed, failed=failed)
 
     def _run(self) -> None:
-        next_beat = next_rescue = time.monotonic()
+        next_beat = next_rescue = next_purge = time.monotonic()
         try:
-            while not self.stopping.wait(max(min(next_beat, next_rescue) - time.monotonic(), 0)):
+            while not self.stopping.wait(
+                max(min(next_beat, next_rescue, next_purge) - time.monotonic(), 0)
+            ):
                 now = time.monotonic()
                 try:
                     if now >= next_beat:
@@ -91,6 +101,12 @@ class Liveness:
                     self.on_database_error()  # in this thread: checks this thread's connection
                     next_beat = min(next_beat, now + RETRY_PAUSE)
                     next_rescue = min(next_rescue, now + RETRY_PAUSE)
+                    continue
+                if now >= next_purge:
+                    next_purge = now + conf.get("PURGE_INTERVAL")
+                    until = min(next_beat, time.monotonic() + PURGE_RUN)
+                    if not self._purge_safely(until):
+                        next_purge = next_beat  # cut short: go on after the heartbeat
         finally:
             connections.close_all()
 
@@ -131,3 +147,36 @@ class Liveness:
         )
         if lost:
             logger.warning("released %d items claimed by a claim whose answer was lost", lost)
+
+    def _purge_safely(self, until: float) -> bool:
+        """``_purge``, with any error logged: purging is housekeeping, never a reason to
+        stop heartbeating. Returns False if the purge was cut short at ``until``."""
+        try:
+            return self._purge(until)
+        except Exception as exc:
+            logger.warning("purge failed, will retry in %s s: %s", conf.get("PURGE_INTERVAL"), exc)
+            if isinstance(exc, DatabaseError):
+                self.on_database_error()
+            return True
+
+    def _purge(self, until: float) -> bool:
+        """Delete the finished items of its queues past their RETENTION, then the once()
+        records past the longest, if no other consumer of the database is purging."""
+        with store.try_lock(self.using, store.PURGE_LOCK) as mine:
+            if not mine:
+                return True
+            items = 0
+            for queue in self.queues():
+                retention = conf.retention(queue.name)
+                if retention is not None:
+                    items += store.purge(queue.items, retention, until=until)
+                    if time.monotonic() >= until:
+                        break  # the other queues next time (each purge does a batch at least)
+            effects, kept_for = 0, conf.effect_retention()
+            if kept_for is not None and time.monotonic() < until:
+                effects = store.purge_effects(
+                    Effect.objects.using(self.using), kept_for, until=until
+                )
+        if items or effects:
+            logger.info("purged %d finished items and %d once() records", items, effects)
+        return time.monotonic() < until

@@ -15,6 +15,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,6 +25,7 @@ from django.db.models.functions import Now
 
 from . import conf
 from . import retry as backoff
+from .db import dialect_for
 from .db.compiler import ClaimStatement, ClaimValues, ack_sql, has_field, sort_items
 from .status import FINISHED, Status
 from .validation import check_json, to_timedelta, validate_pid
@@ -39,6 +41,8 @@ TRANSIENT_RETRIES = 5
 # Attempts at inserting a dedup_key item whose unfinished twin finishes meanwhile.
 DEDUP_INSERT_ATTEMPTS = 3
 PURGE_BATCH = 1000
+# The lock that lets one consumer at a time purge a database's finished items.
+PURGE_LOCK = "txqueue_purge"
 # Clears a claim, so that its holder's fenced acknowledgements change nothing.
 UNCLAIMED: dict[str, Any] = {"pid": "", "claim_token": None, "lease_expires_at": None}
 
@@ -370,22 +374,29 @@ def release_lost(
     )
 
 
-def purge(items: QuerySet[Any], older_than: timedelta) -> int:
+def purge(items: QuerySet[Any], older_than: timedelta, *, until: float | None = None) -> int:
     """Delete DONE and FAILED ``items`` finished over ``older_than`` ago, in small batches.
 
     Each batch is its own short statement, so a purge of millions of rows never holds
     locks for long. Returns how many were deleted.
     """
-    return delete_in_batches(items.filter(status__in=FINISHED, finished_at__lt=Now() - older_than))
+    finished = items.filter(status__in=FINISHED, finished_at__lt=Now() - older_than)
+    return delete_in_batches(finished, until=until)
 
 
-def purge_effects(effects: QuerySet[Any], older_than: timedelta) -> int:
+def purge_effects(
+    effects: QuerySet[Any], older_than: timedelta, *, until: float | None = None
+) -> int:
     """Delete ``once`` records made over ``older_than`` ago, in small batches."""
-    return delete_in_batches(effects.filter(recorded_at__lt=Now() - older_than))
+    return delete_in_batches(effects.filter(recorded_at__lt=Now() - older_than), until=until)
 
 
-def delete_in_batches(rows: QuerySet[Any]) -> int:
-    """Delete ``rows`` a batch of PURGE_BATCH primary keys at a time; how many were deleted."""
+def delete_in_batches(rows: QuerySet[Any], *, until: float | None = None) -> int:
+    """Delete ``rows`` a batch of PURGE_BATCH primary keys at a time; how many were deleted.
+
+    With ``until`` (a ``time.monotonic()`` instant) it stops after the batch that reaches
+    it (always doing one, so that it makes progress), leaving the rest for later.
+    """
     deleted, after = 0, 0
     while True:
         batch = list(
@@ -395,6 +406,14 @@ def delete_in_batches(rows: QuerySet[Any]) -> int:
             return deleted
         deleted += int(rows.filter(pk__in=batch).delete()[0])
         after = batch[-1]
+        if until is not None and time.monotonic() >= until:
+            return deleted
+
+
+def try_lock(alias: str, name: str) -> AbstractContextManager[bool]:
+    """Hold the lock ``name`` of database ``alias`` if nobody does, without waiting;
+    yields whether it is held (``Dialect.try_lock``)."""
+    return dialect_for(alias).try_lock(connections[alias], name)
 
 
 # -- consumers -----------------------------------------------------------------------

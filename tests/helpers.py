@@ -52,3 +52,17 @@ def wait_for(condition, timeout=10.0, interval=0.02):
         if time.monotonic() > deadline:
             return False
         time.sleep(interval)
+
+
+def finished_items(queue, n=1, *, ago, failed=False):
+    """The pks of ``n`` new items of ``queue``, DONE (or FAILED) ``ago`` (a timedelta)."""
+    from django_txqueue import Queue
+    from django_txqueue.models import QueueItem
+
+    Queue(queue).enqueue_many([{}] * n)
+    items = Queue(queue).claim(n, pid="tests:finished")
+    for item in items:
+        assert item.fail("boom") if failed else item.ack()
+    pks = {item.pk for item in items}
+    QueueItem.objects.filter(pk__in=pks).update(finished_at=timezone.now() - ago)
+    return pks

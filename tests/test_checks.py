@@ -1,3 +1,5 @@
+import datetime as dt
+
 import pytest
 from django.db import connection
 
@@ -56,6 +58,27 @@ def test_unknown_per_queue_key(settings):
             "txqueue.E003",
             ["TXQUEUE['QUEUES']['sms']['rescue'] is 'never'", "'retry' or 'fail'"],
         ),
+        ({"RETENTION": 0}, "txqueue.E003", ["TXQUEUE['RETENTION'] is 0", "timedelta"]),
+        ({"RETENTION": "7d"}, "txqueue.E003", ["TXQUEUE['RETENTION'] is '7d'", "None"]),
+        ({"RETENTION": True}, "txqueue.E003", ["TXQUEUE['RETENTION'] is True", "seconds"]),
+        (
+            {"RETENTION": dt.timedelta(0)},
+            "txqueue.E003",
+            ["TXQUEUE['RETENTION'] is datetime.timedelta(0)", "positive"],
+        ),
+        (
+            {"RETENTION": dt.timedelta(days=36501)},
+            "txqueue.E003",
+            ["TXQUEUE['RETENTION'] is datetime.timedelta(days=36501)", "at most 36500 days"],
+        ),
+        ({"RETENTION": float("inf")}, "txqueue.E003", ["TXQUEUE['RETENTION'] is inf"]),
+        (
+            {"QUEUES": {"sms": {"retention": -1}}},
+            "txqueue.E003",
+            ["TXQUEUE['QUEUES']['sms']['retention'] is -1", "positive"],
+        ),
+        ({"PURGE_INTERVAL": 0}, "txqueue.E003", ["TXQUEUE['PURGE_INTERVAL'] is 0", "positive"]),
+        ({"PURGE_INTERVAL": None}, "txqueue.E003", ["TXQUEUE['PURGE_INTERVAL'] is None"]),
         ({"QUEUES": {"": {}}}, "txqueue.E004", ["TXQUEUE['QUEUES']['']", "1 to 100"]),
         ({"QUEUES": {"sms": 30}}, "txqueue.E004", ["TXQUEUE['QUEUES']['sms']", "dict"]),
     ],
@@ -65,6 +88,22 @@ def test_bad_values_are_errors_naming_the_key_and_value(settings, value, msg_id,
     assert found_id == msg_id
     for name in names:
         assert name in msg
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"RETENTION": None},
+        {"RETENTION": 3600},
+        {"RETENTION": 0.5},
+        {"RETENTION": dt.timedelta(days=30)},
+        {"RETENTION": 36500 * 86400},
+        {"PURGE_INTERVAL": 60},
+        {"QUEUES": {"sms": {"RETENTION": None}, "email": {"retention": dt.timedelta(hours=1)}}},
+    ],
+)
+def test_good_retention_values(settings, value):
+    assert messages(settings, value) == []
 
 
 def test_not_a_dict(settings):

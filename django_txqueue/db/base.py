@@ -3,12 +3,13 @@
 A dialect holds what differs between databases, as named facts (like Django's
 ``DatabaseFeatures``) and as the SQL that only that vendor writes: the two claim
 strategies, lease arithmetic, which errors are worth retrying, a cheap row estimate,
-and how an idle consumer hears of new work. Dialects hold no connection (connections
-are per thread); every method is given the one to use.
+how an idle consumer hears of new work, and a lock that is only ever tried. Dialects
+hold no connection (connections are per thread); every method is given the one to use.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -101,6 +102,15 @@ class Dialect:
         """The distinct values of ``field`` in ``queryset``'s table, sorted; fast where an
         index is led by the field (a loose index scan), which the vendors may override."""
         return list(queryset.order_by(field).values_list(field, flat=True).distinct())
+
+    def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> AbstractContextManager[bool]:
+        """Take the lock ``name``, one holder per database across processes and hosts, if
+        nobody holds it, never waiting; yield whether it was taken, and release it after.
+
+        A named lock of the session, not of rows, so it blocks no claim, and dies with
+        the connection if the holder does.
+        """
+        raise NotImplementedError
 
     def listen(self, alias: str) -> Listener | None:
         """A listener for new-work announcements, or None where the database has none."""

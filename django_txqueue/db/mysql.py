@@ -7,6 +7,8 @@ only the rows they take.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +18,7 @@ from ..status import Status
 from .base import Dialect
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import QuerySet
 
     from .compiler import ClaimStatement, ClaimValues
@@ -75,6 +78,21 @@ class MySQL(Dialect):
             f"WHERE {claim.column('status')} = %s AND {claim.column('claim_token')} = %s",
             [Status.IN_PROGRESS, values.token],
         )
+
+    @contextmanager
+    def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> Iterator[bool]:
+        """``GET_LOCK`` with no wait. Its names are server-wide (and MySQL's at most 64
+        characters), so the lock's name includes the database's."""
+        lock = f"{name}:{connection.settings_dict['NAME']}"[:64]
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT GET_LOCK(%s, 0)", [lock])
+            taken = cursor.fetchone()[0] == 1
+        try:
+            yield taken
+        finally:
+            if taken:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT RELEASE_LOCK(%s)", [lock])
 
     def lease_expiry(self, now: str) -> str:
         return f"{now} + INTERVAL %s MICROSECOND"

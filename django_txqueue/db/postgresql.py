@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +15,7 @@ from ..status import Status
 from .base import Dialect
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import QuerySet
 
     from .compiler import ClaimStatement, ClaimValues
@@ -49,6 +53,21 @@ class PostgreSQL(Dialect):
             if items or not claim.queryset.exists():
                 return items
         return []
+
+    @contextmanager
+    def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> Iterator[bool]:
+        """A session advisory lock (per database), keyed by a hash of ``name``; a
+        transaction-level one would have to hold one transaction over the whole purge."""
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
+            taken = bool(cursor.fetchone()[0])
+        try:
+            yield taken
+        finally:
+            if taken:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
 
     @staticmethod
     def _claim_statement(

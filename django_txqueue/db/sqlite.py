@@ -8,6 +8,9 @@ with "database is locked". There are no row locks, hence no SKIP LOCKED strategy
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +18,14 @@ from django.db import DatabaseError
 
 from .base import Dialect
 
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
     from .compiler import ClaimStatement, ClaimValues
 
 
@@ -32,6 +42,27 @@ class SQLite(Dialect):
             f"RETURNING {claim.columns(qualified=False)}"
         )
         return claim.fetch(sql, assignment_params + candidate_params)
+
+    @contextmanager
+    def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> Iterator[bool]:
+        """SQLite has no named locks, and its write lock would stop every claim: a
+        non-blocking ``flock`` of a file beside the database instead (one host shares a
+        SQLite file). An in-memory database (or a ``file:`` URI), or a system without
+        ``flock``, goes without: every try succeeds."""
+        database = str(connection.settings_dict["NAME"])
+        if fcntl is None or database == ":memory:" or database.startswith("file:"):
+            yield True
+            return
+        fd = os.open(f"{database}-{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+            else:
+                yield True
+        finally:
+            os.close(fd)  # releases the lock
 
     def lease_expiry(self, now: str) -> str:
         # SQLite's own date arithmetic, in the text format Django stores (UTC).

@@ -5,6 +5,7 @@ would, and checks the database afterwards. Children open the test database throu
 ``child_env()``; ``TXQUEUE_TEST_SETTINGS`` gives them fast heartbeats, rescues and retries.
 """
 
+import datetime as dt
 import json
 import os
 import signal
@@ -15,11 +16,12 @@ import time
 import pytest
 from django.db import connection
 from django.db.models import Count
+from django.utils import timezone
 
-from django_txqueue import Queue, Status
+from django_txqueue import Queue, Status, store
 from django_txqueue.models import Consumer, QueueItem
 from tests import helpers
-from tests.helpers import ROOT, child_env
+from tests.helpers import ROOT, child_env, finished_items
 from tests.testapp.models import Run
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -488,3 +490,72 @@ def test_a_stopped_consumers_late_atomic_write_is_rolled_back(consumers, tmp_pat
     else:
         rescuer_identity = Consumer.objects.get(os_pid=rescuer.pid).identity
         assert (item.pid, item.attempts) == (rescuer_identity, 2)
+
+
+# -- RETENTION: consumers purge finished items on a timer of their own --------------------
+
+OLD = dt.timedelta(days=10)
+PURGING = {"RETENTION": 3600, "PURGE_INTERVAL": 0.5, "QUEUES": {"noop": {"RETENTION": None}}}
+
+
+def test_a_consumer_purges_the_finished_items_of_its_queues_past_their_retention(consumers):
+    old = finished_items("echo", 2, ago=OLD) | finished_items("echo", ago=OLD, failed=True)
+    kept = (
+        finished_items("echo", ago=dt.timedelta(minutes=10))
+        | finished_items("noop", ago=OLD)  # its queue's RETENTION is None
+        | finished_items("slow", ago=OLD)  # a queue the consumer does not serve
+    )
+    waiting = Queue("echo").enqueue({}, delay=3600)  # READY, not due
+    Queue("echo").enqueue({})
+    [running] = Queue("echo").claim(1, pid="tests:holder")  # IN_PROGRESS, leased 300 s
+    QueueItem.objects.filter(pk__in=[waiting.pk, running.pk]).update(
+        finished_at=timezone.now() - OLD  # must not matter
+    )
+    kept |= {waiting.pk, running.pk}
+
+    proc = consumers("echo", "noop", **PURGING)
+
+    wait_for(lambda: not QueueItem.objects.filter(pk__in=old).exists(), START_TIMEOUT, "a purge")
+    later = finished_items("echo", ago=OLD)  # the next purge comes on the timer
+    wait_for(lambda: not QueueItem.objects.filter(pk__in=later).exists(), 10, "a second purge")
+    assert set(QueueItem.objects.filter(pk__in=kept).values_list("pk", flat=True)) == kept
+    assert QueueItem.objects.get(pk=running.pk).status == Status.IN_PROGRESS
+    assert QueueItem.objects.get(pk=waiting.pk).status == Status.READY
+    proc.send_signal(signal.SIGTERM)
+    assert exit_code(proc, SHUTDOWN_TIMEOUT) == 0, stderr_of(proc)
+    assert "purge failed" not in proc.err_path.read_text()
+
+
+def test_with_retention_none_consumers_purge_nothing(consumers):
+    old = finished_items("echo", 3, ago=OLD)
+    proc = consumers("echo", RETENTION=None, PURGE_INTERVAL=0.2)
+    wait_for(lambda: Consumer.objects.filter(os_pid=proc.pid).exists(), START_TIMEOUT, "a start")
+    time.sleep(2)  # ten purge intervals
+    Queue("echo").enqueue({})
+    wait_for(lambda: Run.objects.exists(), 10, "a run", [proc])
+
+    assert Queue("echo").count(status=Status.DONE) == 4
+    assert old <= item_ids("echo")
+    proc.send_signal(signal.SIGTERM)
+    assert exit_code(proc, SHUTDOWN_TIMEOUT) == 0, stderr_of(proc)
+
+
+def test_consumers_purge_one_at_a_time(consumers):
+    """While the purge lock is held (here by the test's connection), no consumer purges;
+    once it is free, one of the two does, and neither fails."""
+    old = finished_items("echo", 5, ago=OLD)
+    with store.try_lock("default", store.PURGE_LOCK) as held:
+        assert held
+        procs = [consumers("echo", **PURGING) for _ in range(2)]
+        Queue("echo").enqueue_many([{}] * 2)
+        wait_for(lambda: Run.objects.count() == 2, START_TIMEOUT, "two runs", procs)
+        wait_for(lambda: Consumer.objects.count() == 2, START_TIMEOUT, "two consumers", procs)
+        time.sleep(1.5)  # three purge intervals
+        assert old <= item_ids("echo")
+
+    wait_for(lambda: not (old & item_ids("echo")), 10, "a purge", procs)
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        assert exit_code(proc, SHUTDOWN_TIMEOUT) == 0, stderr_of(proc)
+        assert "purge failed" not in proc.err_path.read_text(), stderr_of(proc)
