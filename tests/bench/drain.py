@@ -6,7 +6,8 @@
 DESIGN section 11: draining no-op items must reach 85% of the hand-written queue's rate at
 the same batch size. The baseline claims with one SKIP LOCKED statement and acknowledges
 the batch with one UPDATE, on a raw driver connection in autocommit: the ceiling.
-Uses its own database (``txqueue_bench``) or, on SQLite, a temp file.
+Uses its own database (``txqueue_bench``, or ``TXQUEUE_BENCH_DB`` so that runs sharing a
+server do not collide) or, on SQLite, a temp file.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import tempfile
 import time
 
 VENDOR = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
+DATABASE = os.environ.get("TXQUEUE_BENCH_DB", "txqueue_bench")
 
 
 def prepare_database() -> None:
     if VENDOR == "sqlite":
         os.environ["TXQUEUE_TEST_NAME"] = os.path.join(tempfile.mkdtemp(), "bench.sqlite3")
     else:
-        os.environ["TXQUEUE_TEST_NAME"] = "txqueue_bench"
+        os.environ["TXQUEUE_TEST_NAME"] = DATABASE
         if VENDOR == "postgresql":
             import psycopg
 
@@ -31,14 +33,14 @@ def prepare_database() -> None:
                 host="127.0.0.1", user="postgres", dbname="postgres", autocommit=True
             ) as conn:
                 if not conn.execute(
-                    "SELECT 1 FROM pg_database WHERE datname = 'txqueue_bench'"
+                    "SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE]
                 ).fetchone():
-                    conn.execute("CREATE DATABASE txqueue_bench")
+                    conn.execute(f'CREATE DATABASE "{DATABASE}"')
         else:
             import MySQLdb
 
             conn = MySQLdb.connect(host="127.0.0.1", user="root")
-            conn.cursor().execute("CREATE DATABASE IF NOT EXISTS txqueue_bench")
+            conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{DATABASE}`")
             conn.close()
     import django
     from django.core.management import call_command
