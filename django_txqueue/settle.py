@@ -127,8 +127,8 @@ class Settler:
     def _count(self, outcomes: list[Outcome]) -> None:
         """Counters and signals for settled outcomes; the signals only where some receiver
         listens (checked once per batch, not sent item by item for nobody)."""
-        done_heard = signals.item_done.has_listeners(QueueItem)
-        failed_heard = signals.item_failed.has_listeners(QueueItem)
+        done_heard = signals.heard(signals.item_done, QueueItem)
+        failed_heard = signals.heard(signals.item_failed, QueueItem)
         for outcome in outcomes:
             if outcome.acknowledged is False:
                 continue  # nothing happened: its transaction rolled back, another claim has it

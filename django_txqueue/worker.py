@@ -207,7 +207,7 @@ class Worker:
         """Hand the items to the handler threads, in one share per thread, so that a
         thread reports (and the main thread acknowledges) a share at a time."""
         self.in_flight.add(items)
-        if signals.item_claimed.has_listeners(QueueItem):  # else a call per item for nothing
+        if signals.heard(signals.item_claimed, QueueItem):  # else a call per item for nothing
             for item in items:
                 signals.item_claimed.send(sender=QueueItem, item=item)
         size = math.ceil(len(items) / self.threads.size)
@@ -331,7 +331,9 @@ class InFlight:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._started: dict[Any, tuple[QueueItem, float | None]] = {}
+        # Keyed by the item object itself (the same one goes from claim to settle): its pk
+        # is a property call, several per item otherwise.
+        self._started: dict[int, tuple[QueueItem, float | None]] = {}
 
     def __len__(self) -> int:
         return len(self._started)
@@ -339,14 +341,14 @@ class InFlight:
     def add(self, items: list[QueueItem]) -> None:
         with self._lock:
             for item in items:
-                self._started[item.pk] = (item, None)
+                self._started[id(item)] = (item, None)
 
     def start(self, item: QueueItem) -> bool:
         """Note that the item's handler starts now; False if it was released meanwhile."""
         with self._lock:
-            if item.pk not in self._started:
+            if id(item) not in self._started:
                 return False
-            self._started[item.pk] = (item, time.monotonic())
+            self._started[id(item)] = (item, time.monotonic())
             return True
 
     def remove(self, outcomes: list[Outcome]) -> None:
@@ -355,7 +357,7 @@ class InFlight:
             return
         with self._lock:
             for outcome in outcomes:
-                self._started.pop(outcome.item.pk, None)
+                self._started.pop(id(outcome.item), None)
 
     def held(self) -> Iterator[tuple[QueueItem, float | None]]:
         with self._lock:
@@ -366,7 +368,7 @@ class InFlight:
         with self._lock:
             unstarted = [item for item, started in self._started.values() if started is None]
             for item in unstarted:
-                del self._started[item.pk]
+                del self._started[id(item)]
         return unstarted
 
 

@@ -18,13 +18,14 @@ from django.db.models import Model
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 
+from ..signals import heard
 from .compiler import ClaimStatement
 
 
 class Claim(ClaimStatement):
     def fetch(self, sql: str, params: list[Any]) -> list[Any]:
         model = self.model
-        if not self.plain or pre_init.has_listeners(model) or post_init.has_listeners(model):
+        if not self.plain or heard(pre_init, model) or heard(post_init, model):
             return super().fetch(sql, params)
         connection = self.connection
         with connection.cursor() as cursor:
