@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 
-from django_txqueue import Queue, Status, signals
+from django_txqueue import Queue, Status, signals, store
 from django_txqueue.models import QueueItem
 from django_txqueue.worker import Worker
 
@@ -199,3 +199,16 @@ def test_without_receivers_nothing_is_sent(monkeypatch):
     worker = drain({"hotpath": lambda item: None}, batch=3)
     assert worker.processed == 3
     assert sent == []
+
+
+def test_a_large_batch_is_acknowledged_at_once_and_fenced():
+    # Over 50 pks (PostgreSQL binds them as one array), one of them past 32 bits.
+    items = Queue("hotpath").enqueue_many([{"n": n} for n in range(120)])
+    QueueItem.objects.filter(pk=items[0].pk).update(id=2**40)
+    claimed = Queue("hotpath").claim(120)
+    assert len(claimed) == 120 and 2**40 in {item.pk for item in claimed}
+    token = claimed[0].claim_token
+    pks = {item.pk: None for item in claimed}
+    assert store.ack_many(QueueItem, "default", token ^ 1, pks) == 0  # another claim's token
+    assert store.ack_many(QueueItem, "default", token, pks) == 120
+    assert Queue("hotpath").count(status=Status.DONE) == 120
