@@ -68,18 +68,33 @@ class Settler:
                 self.unsettled += self.outcomes.get_nowait()
             except queue.Empty:
                 break
-        settled: list[Outcome] = []
         by_claim: dict[int, list[Outcome]] = {}
+        already: list[Outcome] = []  # acknowledged (or refused) by an atomic handler
+        errors: list[Outcome] = []
         for outcome in self.unsettled:
-            if outcome.error is None and outcome.acknowledged is None:
+            if outcome.error is not None:
+                errors.append(outcome)
+            elif outcome.acknowledged is None:
                 by_claim.setdefault(outcome.item.claim_token or 0, []).append(outcome)
-        for token, group in by_claim.items():
-            self._acknowledge(token, group)
-            settled += self._done(group)
-        settled += self._done([o for o in self.unsettled if o.acknowledged is not None])
-        for outcome in [o for o in self.unsettled if o.error is not None]:
-            self._fail(outcome)
-            settled += self._done([outcome])
+            else:
+                already.append(outcome)
+        settled: list[Outcome] = []
+        try:
+            for token, group in by_claim.items():
+                self._acknowledge(token, group)
+                settled += group
+            settled += already
+            for outcome in errors:
+                self._fail(outcome)
+                settled.append(outcome)
+        finally:
+            # What the database has leaves ``unsettled`` even when a later write fails.
+            if len(settled) == len(self.unsettled):
+                self.unsettled = []
+            else:
+                done = {id(outcome) for outcome in settled}
+                self.unsettled = [o for o in self.unsettled if id(o) not in done]
+            self._count(settled)
         return settled
 
     def _acknowledge(self, token: int, group: list[Outcome]) -> None:
@@ -109,27 +124,30 @@ class Settler:
             ((outcome.error or "").strip().splitlines() or [""])[-1],
         )
 
-    def _done(self, outcomes: list[Outcome]) -> list[Outcome]:
-        settled = {id(outcome) for outcome in outcomes}
-        self.unsettled = [o for o in self.unsettled if id(o) not in settled]
+    def _count(self, outcomes: list[Outcome]) -> None:
+        """Counters and signals for settled outcomes; the signals only where some receiver
+        listens (checked once per batch, not sent item by item for nobody)."""
+        done_heard = signals.heard(signals.item_done, QueueItem)
+        failed_heard = signals.heard(signals.item_failed, QueueItem)
         for outcome in outcomes:
             if outcome.acknowledged is False:
                 continue  # nothing happened: its transaction rolled back, another claim has it
             if outcome.error is None:
                 self.processed += 1
-                signals.item_done.send(
-                    sender=QueueItem,
-                    item=outcome.item,
-                    result=outcome.result,
-                    duration=outcome.duration,
-                )
+                if done_heard:
+                    signals.item_done.send(
+                        sender=QueueItem,
+                        item=outcome.item,
+                        result=outcome.result,
+                        duration=outcome.duration,
+                    )
             else:
                 self.failed += 1
-                signals.item_failed.send(
-                    sender=QueueItem,
-                    item=outcome.item,
-                    error=outcome.error,
-                    will_retry=outcome.item.status == Status.READY,
-                    duration=outcome.duration,
-                )
-        return outcomes
+                if failed_heard:
+                    signals.item_failed.send(
+                        sender=QueueItem,
+                        item=outcome.item,
+                        error=outcome.error,
+                        will_retry=outcome.item.status == Status.READY,
+                        duration=outcome.duration,
+                    )

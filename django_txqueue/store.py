@@ -25,7 +25,7 @@ from django.db.models.functions import Now
 
 from . import conf
 from . import retry as backoff
-from .db import dialect_for
+from .db import dialect, dialect_for
 from .db.compiler import ClaimStatement, ClaimValues, ack_sql, has_field, sort_items
 from .status import FINISHED, Status
 from .validation import check_json, to_timedelta, validate_pid
@@ -204,7 +204,7 @@ def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any
         field: Any = model._meta.get_field("result")
         for pk, value in results.items():
             params += [pk, field.get_db_prep_save(value, connection)]
-    params += [*results, Status.IN_PROGRESS, claim_token]
+    params += [*dialect(connection).pk_params(list(results)), Status.IN_PROGRESS, claim_token]
     with connection.cursor() as cursor:
         cursor.execute(ack_sql(model, connection, len(results), with_results), params)
         return int(cursor.rowcount)

@@ -164,8 +164,7 @@ class Worker:
         """One turn of the loop; False when a burst run has drained its queues."""
         self.liveness.start()
         self._discover_queues()
-        for outcome in self.settler.settle():
-            self.in_flight.remove(outcome.item)
+        self.in_flight.remove(self.settler.settle())
         free = self.batch - len(self.in_flight)
         claimed = self._claim(free) if free > 0 else []
         if claimed:
@@ -208,8 +207,9 @@ class Worker:
         """Hand the items to the handler threads, in one share per thread, so that a
         thread reports (and the main thread acknowledges) a share at a time."""
         self.in_flight.add(items)
-        for item in items:
-            signals.item_claimed.send(sender=QueueItem, item=item)
+        if signals.heard(signals.item_claimed, QueueItem):  # else a call per item for nothing
+            for item in items:
+                signals.item_claimed.send(sender=QueueItem, item=item)
         size = math.ceil(len(items) / self.threads.size)
         for start in range(0, len(items), size):
             self.threads.submit(items[start : start + size])
@@ -312,8 +312,7 @@ class Worker:
                 store.release(item)
             while len(self.in_flight) and time.monotonic() < deadline:
                 self.settler.wait(timeout=min(0.2, max(deadline - time.monotonic(), 0)))
-                for outcome in self.settler.settle():
-                    self.in_flight.remove(outcome.item)
+                self.in_flight.remove(self.settler.settle())
             if len(self.in_flight):
                 logger.warning(
                     "shutdown timeout: %d items left IN_PROGRESS for rescue", len(self.in_flight)
@@ -332,7 +331,9 @@ class InFlight:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._started: dict[Any, tuple[QueueItem, float | None]] = {}
+        # Keyed by the item object itself (the same one goes from claim to settle): its pk
+        # is a property call, several per item otherwise.
+        self._started: dict[int, tuple[QueueItem, float | None]] = {}
 
     def __len__(self) -> int:
         return len(self._started)
@@ -340,19 +341,23 @@ class InFlight:
     def add(self, items: list[QueueItem]) -> None:
         with self._lock:
             for item in items:
-                self._started[item.pk] = (item, None)
+                self._started[id(item)] = (item, None)
 
     def start(self, item: QueueItem) -> bool:
         """Note that the item's handler starts now; False if it was released meanwhile."""
         with self._lock:
-            if item.pk not in self._started:
+            if id(item) not in self._started:
                 return False
-            self._started[item.pk] = (item, time.monotonic())
+            self._started[id(item)] = (item, time.monotonic())
             return True
 
-    def remove(self, item: QueueItem) -> None:
+    def remove(self, outcomes: list[Outcome]) -> None:
+        """Forget settled items: one lock for the whole batch."""
+        if not outcomes:
+            return
         with self._lock:
-            self._started.pop(item.pk, None)
+            for outcome in outcomes:
+                self._started.pop(id(outcome.item), None)
 
     def held(self) -> Iterator[tuple[QueueItem, float | None]]:
         with self._lock:
@@ -363,7 +368,7 @@ class InFlight:
         with self._lock:
             unstarted = [item for item, started in self._started.values() if started is None]
             for item in unstarted:
-                del self._started[item.pk]
+                del self._started[id(item)]
         return unstarted
 
 
@@ -402,7 +407,8 @@ class HandlerThreads:
 
 
 def checked_result(result: Any, item: QueueItem) -> Any:
-    check_json(result, f"the result of the {item.queue!r} handler", NotJSONSerializable)
+    if result is not None:  # None, the usual result, needs no trial serialisation
+        check_json(result, f"the result of the {item.queue!r} handler", NotJSONSerializable)
     return result
 
 

@@ -116,13 +116,21 @@ class Dialect:
         """A listener for new-work announcements, or None where the database has none."""
         return None
 
+    def pk_in(self, pk: str, size: int) -> str:
+        """SQL matching ``size`` primary keys, bound as ``pk_params`` of them."""
+        return f"{pk} IN ({', '.join(['%s'] * size)})"
+
+    def pk_params(self, pks: list[Any]) -> list[Any]:
+        return pks
+
     def ack_sql(
         self, table: str, columns: dict[str, str], now: str, size: int, results: bool
     ) -> str:
         """The fenced acknowledgement of ``size`` items of one claim, in one UPDATE.
 
-        Parameters: DONE, then (pk, result) pairs when ``results``, then the pks, then
-        IN_PROGRESS and the claim token: only rows still held by that claim change.
+        Parameters: DONE, then (pk, result) pairs when ``results``, then ``pk_params`` of
+        the pks, then IN_PROGRESS and the claim token: only rows still held by that claim
+        change.
         ``columns`` maps field names to quoted columns; a model without ``result`` and
         ``finished_at`` (a plain QueueModel) has neither set.
         """
@@ -133,6 +141,6 @@ class Dialect:
         assignments.append(f"{columns['lease_expires_at']} = NULL")
         return (
             f"UPDATE {table} SET {', '.join(assignments)} "
-            f"WHERE {pk} IN ({', '.join(['%s'] * size)}) "
+            f"WHERE {self.pk_in(pk, size)} "
             f"AND {columns['status']} = %s AND {columns['claim_token']} = %s"
         )

@@ -85,6 +85,14 @@ class PostgreSQL(Dialect):
         )
         return sql, candidate_params + assignment_params + [Status.READY]
 
+    def pk_in(self, pk: str, size: int) -> str:
+        # One array parameter, not one per item: psycopg caches the parsing of statements
+        # with up to 50 parameters and re-parses the others on every execute.
+        return f"{pk} = ANY(%s)"
+
+    def pk_params(self, pks: list[Any]) -> list[Any]:
+        return [pks]
+
     def lease_expiry(self, now: str) -> str:
         return f"{now} + %s"
 

@@ -1,0 +1,214 @@
+"""The consumer's fast paths give handlers and signal receivers what the slow ones did.
+
+Claimed rows are built without ``Model.__init__`` (``db/rows.py``) and the signals are
+only sent where someone listens: the handler must still get a real ``QueueItem`` equal,
+field by field and type by type, to the row, and receivers the same arguments.
+"""
+
+import datetime
+import decimal
+import json
+
+import pytest
+from django.db import connection
+from django.db.models.signals import post_init
+from django.test.utils import CaptureQueriesContext
+
+from django_txqueue import Queue, Status, signals, store
+from django_txqueue.models import QueueItem
+from django_txqueue.worker import Worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+MYSQL = connection.vendor == "mysql"
+
+PAYLOAD = {
+    "int": 7,
+    "big": 2**53 + 1,
+    "float": 1.5,
+    "bool": True,
+    "none": None,
+    "text": "zürich ☃",
+    "list": [1, "two", [3.0], {"four": False}],
+    "nested": {"a": {"b": []}},
+}
+
+
+def drain(handlers, **options):
+    worker = Worker(handlers=handlers, burst=True, **options)
+    worker.run()
+    return worker
+
+
+def assert_same_as_row(item, row):
+    assert type(item) is QueueItem
+    for field in QueueItem._meta.concrete_fields:
+        got, stored = getattr(item, field.attname), getattr(row, field.attname)
+        # (MySQL's claim sets status to Status.IN_PROGRESS, an int, where a read gives 2)
+        assert isinstance(got, type(stored)), field.name
+        if field.name == "lease_expires_at":
+            assert got <= stored  # the consumer's heartbeat may have renewed it since
+        else:
+            assert got == stored, field.name
+    assert item._state.adding is False
+    assert item._state.db == row._state.db == "default"
+
+
+def run_and_compare(payload, **enqueue):
+    """Run one item through a consumer; compare what its handler got with its row."""
+    seen = {}
+
+    def handle(item):
+        seen["deferred"] = item.get_deferred_fields()
+        with CaptureQueriesContext(connection) as reads:
+            for field in item._meta.concrete_fields:
+                if field.attname not in seen["deferred"]:
+                    getattr(item, field.attname)
+        seen["queries"] = len(reads)  # every field at hand: no query per item
+        for name in seen["deferred"]:
+            getattr(item, name)  # loaded now, while the row is as the claim left it
+        seen["item"] = item
+        seen["row"] = QueueItem.objects.get(pk=item.pk)  # as the claim left it
+        return {"ok": payload}
+
+    item = Queue("hotpath").enqueue(payload, **enqueue)
+    drain({"hotpath": handle}, batch=5)
+    assert seen["queries"] == 0
+    # MySQL's skip_locked claim reads the rows before its UPDATE, which sets these two by
+    # the database clock: they load on access (db/mysql.py, unchanged here).
+    assert seen["deferred"] <= ({"claimed_at", "lease_expires_at"} if MYSQL else set())
+    assert_same_as_row(seen["item"], seen["row"])
+    assert seen["item"].payload == payload
+    # json.dumps tells 1 from 1.0 and True, which == does not
+    assert json.dumps(seen["item"].payload) == json.dumps(seen["row"].payload)
+    assert seen["row"].status == Status.IN_PROGRESS
+    done = QueueItem.objects.get(pk=item.pk)
+    assert (done.status, done.result) == (Status.DONE, {"ok": payload})
+    return seen["item"]
+
+
+def test_the_handler_gets_every_field_of_the_row():
+    item = run_and_compare(
+        PAYLOAD,
+        priority=-3,
+        key="tenant-1",
+        dedup_key="once",
+        max_attempts=4,
+        run_at=datetime.datetime(2020, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC),
+    )
+    assert (item.priority, item.key, item.dedup_key, item.attempts) == (-3, "tenant-1", "once", 1)
+    assert item.claim_token and item.pid and item.claimed_at and item.lease_expires_at
+
+
+@pytest.mark.parametrize("payload", [None, 0, "text", [1, 2.5, None], {"d": "1.10"}])
+def test_json_payload_types_survive(payload):
+    run_and_compare(payload)
+
+
+def test_a_django_json_payload_arrives_as_stored():
+    # DjangoJSONEncoder writes decimals and dates as strings: the handler reads strings.
+    with pytest.raises(AssertionError):
+        run_and_compare({"price": decimal.Decimal("1.10"), "when": datetime.date(2024, 5, 6)})
+    handled = QueueItem.objects.get()
+    assert handled.payload == {"price": "1.10", "when": "2024-05-06"}
+
+
+def test_the_handler_can_save_and_refresh_its_item():
+    def handle(item):
+        item.last_error = "note"
+        item.save(update_fields=["last_error"])
+        item.refresh_from_db()
+        assert item.last_error == "note"
+
+    item = Queue("hotpath").enqueue({})
+    drain({"hotpath": handle})
+    assert QueueItem.objects.get(pk=item.pk).last_error == "note"
+
+
+def test_a_post_init_receiver_still_sees_every_claimed_item():
+    built = []
+
+    def record(sender, instance, **kwargs):
+        built.append(instance.pk)
+
+    post_init.connect(record, sender=QueueItem)
+    try:
+        item = run_and_compare({"x": 1})
+    finally:
+        post_init.disconnect(record, sender=QueueItem)
+    assert item.pk in built
+
+
+def test_signal_receivers_get_what_they_got(settings):
+    settings.TXQUEUE = {**settings.TXQUEUE, "RETRY_DELAY": 0.001, "RETRY_MAX_DELAY": 0.001}
+    calls = []
+
+    def record(name):
+        def receive(signal, sender, **kwargs):
+            calls.append((name, sender, kwargs))
+
+        return receive
+
+    receivers = {
+        signals.item_claimed: record("claimed"),
+        signals.item_done: record("done"),
+        signals.item_failed: record("failed"),
+    }
+    handled = {}
+
+    def handle(item):
+        handled[item.payload["n"]] = item
+        if item.payload["n"] == 1:
+            raise RuntimeError("no")
+        return item.payload["n"] * 10
+
+    for signal, receiver in receivers.items():
+        signal.connect(receiver, sender=QueueItem)  # sender-specific receivers count too
+    try:
+        Queue("hotpath").enqueue_many([{"n": 0}, {"n": 1}], max_attempts=1)
+        worker = drain({"hotpath": handle}, batch=2)
+    finally:
+        for signal, receiver in receivers.items():
+            signal.disconnect(receiver, sender=QueueItem)
+    assert (worker.processed, worker.failed) == (1, 1)
+    by_name = {}
+    for name, sender, kwargs in calls:
+        assert sender is QueueItem
+        by_name.setdefault(name, []).append(kwargs)
+    claimed = sorted(by_name["claimed"], key=lambda kwargs: kwargs["item"].payload["n"])
+    assert [set(kwargs) for kwargs in claimed] == [{"item"}, {"item"}]
+    assert [kwargs["item"] for kwargs in claimed] == [handled[0], handled[1]]
+    assert claimed[0]["item"] is handled[0]  # the very object the handler got
+    [done] = by_name["done"]
+    assert set(done) == {"item", "result", "duration"}
+    assert done["item"] is handled[0]
+    assert done["result"] == 0
+    assert done["duration"] >= 0
+    [failed] = by_name["failed"]
+    assert set(failed) == {"item", "error", "will_retry", "duration"}
+    assert failed["item"] is handled[1]
+    assert "RuntimeError: no" in failed["error"]
+    assert failed["will_retry"] is False
+    assert QueueItem.objects.get(pk=handled[1].pk).status == Status.FAILED
+
+
+def test_without_receivers_nothing_is_sent(monkeypatch):
+    sent = []
+    for signal in (signals.item_claimed, signals.item_done, signals.item_failed):
+        monkeypatch.setattr(signal, "send", lambda *args, **kwargs: sent.append(args))
+    Queue("hotpath").enqueue_many([{"n": n} for n in range(3)])
+    worker = drain({"hotpath": lambda item: None}, batch=3)
+    assert worker.processed == 3
+    assert sent == []
+
+
+def test_a_large_batch_is_acknowledged_at_once_and_fenced():
+    # Over 50 pks (PostgreSQL binds them as one array), one of them past 32 bits.
+    items = Queue("hotpath").enqueue_many([{"n": n} for n in range(120)])
+    QueueItem.objects.filter(pk=items[0].pk).update(id=2**40)
+    claimed = Queue("hotpath").claim(120)
+    assert len(claimed) == 120 and 2**40 in {item.pk for item in claimed}
+    token = claimed[0].claim_token
+    pks = {item.pk: None for item in claimed}
+    assert store.ack_many(QueueItem, "default", token ^ 1, pks) == 0  # another claim's token
+    assert store.ack_many(QueueItem, "default", token, pks) == 120
+    assert Queue("hotpath").count(status=Status.DONE) == 120
