@@ -19,7 +19,6 @@ from django.db.models.functions import Now
 from . import conf, store
 from .db import dialect_for
 from .db.compiler import ClaimStatement
-from .db.rows import Claim
 from .exceptions import QueueFull
 from .models import QueueItem, QueueItemQuerySet
 from .status import UNFINISHED, Status
@@ -189,7 +188,7 @@ class Queue:
         """
         statement = self._claims.get(limit)
         if statement is None:
-            statement = self._claims[limit] = Claim(self.items, limit)
+            statement = self._claims[limit] = ClaimStatement(self.items, limit)
         if lease is None:
             lease = conf.lease(self.name)  # one queue: no per-row CASE in the claim
         return store.claim(statement, pid=pid, strategy=strategy, lease=lease)

@@ -1,6 +1,6 @@
 """The consumer's fast paths give handlers and signal receivers what the slow ones did.
 
-Claimed rows are built without ``Model.__init__`` (``db/rows.py``) and the signals are
+Claimed rows are built without ``Model.__init__`` (``ClaimStatement.fetch``) and the signals are
 only sent where someone listens: the handler must still get a real ``QueueItem`` equal,
 field by field and type by type, to the row, and receivers the same arguments.
 """

@@ -14,16 +14,20 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.db import NotSupportedError, connections
+from django.db.models import Model
+from django.db.models.base import ModelState
 from django.db.models.functions import Now
+from django.db.models.signals import post_init, pre_init
 from django.db.models.sql.subqueries import UpdateQuery
 
 from .. import conf
+from ..signals import heard
 from ..status import Status
 from . import dialect
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.models import Model, QuerySet
+    from django.db.models import QuerySet
 
     from .base import Dialect
 
@@ -205,21 +209,61 @@ class ClaimStatement:
         return has_field(self.model, "queue")
 
     def fetch(self, sql: str, params: list[Any]) -> list[Any]:
-        """Run a statement that returns whole rows (``columns()``) and load them."""
+        """Run a statement that returns whole rows (``columns()``) and load them: each
+        column converted as Django converts it, then the instance built directly when
+        nothing could tell that from ``Model.from_db`` (which costs a ``setattr`` per field
+        and two signals per row), else through ``from_db``."""
         connection = self.connection
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
         converters = self.converters(connection)
-        names = [field.attname for field in self.fields]
+        fields = self.fields
+        build = self.build if self.plain else self.from_db
         items = []
         for row in rows:
             values = list(row)
             for index, functions in converters:
                 for convert in functions:
-                    values[index] = convert(values[index], self.fields[index], connection)
-            items.append(self.model.from_db(self.alias, names, values))
+                    values[index] = convert(values[index], fields[index], connection)
+            items.append(build(values))
         return items
+
+    def from_db(self, values: list[Any]) -> Any:
+        return self.model.from_db(self.alias, self.attnames, values)
+
+    def build(self, values: list[Any]) -> Any:
+        """The instance ``from_db`` would make: the same ``_state``, first, as in
+        ``Model.__init__``, then each value where ``__init__`` stores it."""
+        state = ModelState()
+        state.adding, state.db = False, self.alias
+        item = object.__new__(self.model)
+        item.__dict__ = {"_state": state}
+        item.__dict__.update(zip(self.attnames, values, strict=True))
+        return item
+
+    @cached_property
+    def attnames(self) -> list[str]:
+        return [field.attname for field in self.fields]
+
+    @property
+    def plain(self) -> bool:
+        """Whether ``Model.from_db`` comes to storing each value in ``__dict__``: no
+        receiver of ``pre_init`` / ``post_init`` for the model (asked per claim, as they
+        may connect later), and, fixed per model, no ``from_db`` or ``__init__`` of its
+        own and no field that intercepts assignment."""
+        model = self.model
+        return self.plain_model and not heard(pre_init, model) and not heard(post_init, model)
+
+    @cached_property
+    def plain_model(self) -> bool:
+        model = self.model
+        return (
+            model.from_db.__func__ is Model.from_db.__func__  # type: ignore[attr-defined]
+            and model.__init__ is Model.__init__
+            and len(self.fields) == len(model._meta.concrete_fields)
+            and not any(hasattr(getattr(model, name, None), "__set__") for name in self.attnames)
+        )
 
     @staticmethod
     def mark_claimed(items: list[Any], values: ClaimValues) -> list[Any]:
