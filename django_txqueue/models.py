@@ -29,6 +29,7 @@ __all__ = [
     "Dashboard",
     "Effect",
     "NotNullIndex",
+    "PartialIndex",
     "QueueItem",
     "QueueModel",
     "Status",
@@ -39,7 +40,32 @@ __all__ = [
 _M = TypeVar("_M", bound="QueueModel")
 
 
-class StatusIndex(models.Index):
+class PartialIndex(models.Index):
+    """An index over the rows matching ``where()``, where the database has partial
+    indexes (PostgreSQL, SQLite); elsewhere a plain index over ``plain_fields()``."""
+
+    def where(self) -> Q:
+        raise NotImplementedError
+
+    def plain_fields(self) -> list[str]:
+        return list(self.fields)
+
+    def create_sql(
+        self,
+        model: type[models.Model],
+        schema_editor: BaseDatabaseSchemaEditor,
+        using: str = "",
+        **kwargs: Any,
+    ) -> Statement:
+        if schema_editor.connection.features.supports_partial_indexes:
+            fields, condition = list(self.fields), self.where()
+        else:
+            fields, condition = self.plain_fields(), None
+        index = models.Index(fields=fields, name=self.name, condition=condition)
+        return index.create_sql(model, schema_editor, using=using, **kwargs)
+
+
+class StatusIndex(PartialIndex):
     """An index over the rows in one status, in the order a claim reads them.
 
     Where the database has partial indexes (PostgreSQL, SQLite) it holds only the rows
@@ -58,45 +84,22 @@ class StatusIndex(models.Index):
         kwargs["status"] = self.status
         return path, args, kwargs
 
-    def create_sql(
-        self,
-        model: type[models.Model],
-        schema_editor: BaseDatabaseSchemaEditor,
-        using: str = "",
-        **kwargs: Any,
-    ) -> Statement:
-        if schema_editor.connection.features.supports_partial_indexes:
-            index = models.Index(
-                fields=list(self.fields), name=self.name, condition=Q(status=self.status)
-            )
-        else:
-            index = models.Index(fields=["status", *self.fields], name=self.name)
-        return index.create_sql(model, schema_editor, using=using, **kwargs)
+    def where(self) -> Q:
+        return Q(status=self.status)
+
+    def plain_fields(self) -> list[str]:
+        return ["status", *self.fields]
 
 
-class NotNullIndex(models.Index):
+class NotNullIndex(PartialIndex):
     """An index over the rows where its first field is set: partial where the database
     has partial indexes, so the rows without one (most items have no key; unfinished
     items no ``finished_at``) cost nothing to write. A plain index on MySQL and MariaDB,
     where InnoDB only touches it when the field itself changes."""
 
-    def create_sql(
-        self,
-        model: type[models.Model],
-        schema_editor: BaseDatabaseSchemaEditor,
-        using: str = "",
-        **kwargs: Any,
-    ) -> Statement:
-        if schema_editor.connection.features.supports_partial_indexes:
-            first = self.fields[0].lstrip("-")  # a descending field is named "-field"
-            index = models.Index(
-                fields=list(self.fields),
-                name=self.name,
-                condition=Q(**{f"{first}__isnull": False}),
-            )
-        else:
-            index = models.Index(fields=list(self.fields), name=self.name)
-        return index.create_sql(model, schema_editor, using=using, **kwargs)
+    def where(self) -> Q:
+        first = self.fields[0].lstrip("-")  # a descending field is named "-field"
+        return Q(**{f"{first}__isnull": False})
 
 
 class ConsumerQuerySet(models.QuerySet["Consumer"]):
