@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import prepare_database
+
 VENDOR = os.environ.get("TXQUEUE_TEST_DB", "postgresql")
 DB_NAME = "txqueue_bench_admin"
 BUDGET_MS = 300
@@ -30,33 +32,6 @@ QUEUES = 20
 # Of every 1000 items: 4 READY, 2 IN_PROGRESS with a live consumer, 1 with an expired lease,
 # 1 whose consumer is dead, 3 FAILED; the other 989 DONE.
 LIVE, DEAD = "bench:1:live", "bench:2:dead"
-
-
-def prepare_database() -> None:
-    os.environ["TXQUEUE_TEST_NAME"] = DB_NAME
-    if VENDOR == "postgresql":
-        import psycopg
-
-        with psycopg.connect(
-            host="127.0.0.1", user="postgres", dbname="postgres", autocommit=True
-        ) as conn:
-            if not conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", [DB_NAME]
-            ).fetchone():
-                conn.execute(f"CREATE DATABASE {DB_NAME}")
-    elif VENDOR == "mysql":
-        import MySQLdb
-
-        conn = MySQLdb.connect(host="127.0.0.1", user="root")
-        conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS {DB_NAME}")
-        conn.close()
-    else:
-        raise SystemExit("The admin bench runs on postgresql or mysql (TXQUEUE_TEST_DB).")
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
 
 
 # The columns filled and each one's SQL for item n; {text} is n as text, {json} wraps a
@@ -282,7 +257,9 @@ def dashboard_queries() -> list[tuple[str, Callable[[], Any]]]:
 def main() -> None:
     args = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
     rows = int(args[0]) if args else 1_000_000
-    prepare_database()
+    if VENDOR not in ("postgresql", "mysql"):
+        raise SystemExit("The admin bench runs on postgresql or mysql (TXQUEUE_TEST_DB).")
+    prepare_database(VENDOR, DB_NAME)
     from django.conf import settings
     from django.contrib.auth.models import User
     from django.test import Client

@@ -19,39 +19,12 @@ import argparse
 import multiprocessing
 import os
 import secrets
-import tempfile
 import time
+
+from . import prepare_database
 
 VENDOR = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
 DATABASE = os.environ.get("TXQUEUE_BENCH_DB", "txqueue_bench")
-
-
-def prepare_database() -> None:
-    if VENDOR == "sqlite":
-        os.environ["TXQUEUE_TEST_NAME"] = os.path.join(tempfile.mkdtemp(), "bench.sqlite3")
-    else:
-        os.environ["TXQUEUE_TEST_NAME"] = DATABASE
-        if VENDOR == "postgresql":
-            import psycopg
-
-            with psycopg.connect(
-                host="127.0.0.1", user="postgres", dbname="postgres", autocommit=True
-            ) as conn:
-                if not conn.execute(
-                    "SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE]
-                ).fetchone():
-                    conn.execute(f'CREATE DATABASE "{DATABASE}"')
-        else:
-            import MySQLdb
-
-            conn = MySQLdb.connect(host="127.0.0.1", user="root")
-            conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{DATABASE}`")
-            conn.close()
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
 
 
 def fill(count: int) -> None:
@@ -204,7 +177,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--strategy", choices=["skip_locked", "update_limit"], default=None)
     options = parser.parse_args()
-    prepare_database()
+    prepare_database(VENDOR, DATABASE)
     from django.db import connection
 
     from django_txqueue.db import dialect
