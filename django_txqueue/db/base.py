@@ -9,7 +9,8 @@ hold no connection (connections are per thread); every method is given the one t
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -103,13 +104,28 @@ class Dialect:
         index is led by the field (a loose index scan), which the vendors may override."""
         return list(queryset.order_by(field).values_list(field, flat=True).distinct())
 
-    def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> AbstractContextManager[bool]:
+    @contextmanager
+    def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> Iterator[bool]:
         """Take the lock ``name``, one holder per database across processes and hosts, if
         nobody holds it, never waiting; yield whether it was taken, and release it after.
 
         A named lock of the session, not of rows, so it blocks no claim, and dies with
         the connection if the holder does.
         """
+        take, release, key = self.lock_sql(connection, name)
+        with connection.cursor() as cursor:
+            cursor.execute(take, [key])
+            taken = bool(cursor.fetchone()[0])
+        try:
+            yield taken
+        finally:
+            if taken:
+                with connection.cursor() as cursor:
+                    cursor.execute(release, [key])
+
+    def lock_sql(self, connection: BaseDatabaseWrapper, name: str) -> tuple[str, str, Any]:
+        """``try_lock``'s two statements, one that tries (answering true when taken) and
+        one that releases, and the key both take as their parameter."""
         raise NotImplementedError
 
     def listen(self, alias: str) -> Listener | None:

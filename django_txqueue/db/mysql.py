@@ -7,8 +7,6 @@ only the rows they take.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -79,20 +77,11 @@ class MySQL(Dialect):
             [Status.IN_PROGRESS, values.token],
         )
 
-    @contextmanager
-    def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> Iterator[bool]:
+    def lock_sql(self, connection: BaseDatabaseWrapper, name: str) -> tuple[str, str, Any]:
         """``GET_LOCK`` with no wait. Its names are server-wide (and MySQL's at most 64
         characters), so the lock's name includes the database's."""
         lock = f"{name}:{connection.settings_dict['NAME']}"[:64]
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT GET_LOCK(%s, 0)", [lock])
-            taken = cursor.fetchone()[0] == 1
-        try:
-            yield taken
-        finally:
-            if taken:
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT RELEASE_LOCK(%s)", [lock])
+        return "SELECT GET_LOCK(%s, 0)", "SELECT RELEASE_LOCK(%s)", lock
 
     def lease_expiry(self, now: str) -> str:
         return f"{now} + INTERVAL %s MICROSECOND"

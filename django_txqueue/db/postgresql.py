@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -54,20 +52,11 @@ class PostgreSQL(Dialect):
                 return items
         return []
 
-    @contextmanager
-    def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> Iterator[bool]:
+    def lock_sql(self, connection: BaseDatabaseWrapper, name: str) -> tuple[str, str, Any]:
         """A session advisory lock (per database), keyed by a hash of ``name``; a
         transaction-level one would have to hold one transaction over the whole purge."""
         key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
-            taken = bool(cursor.fetchone()[0])
-        try:
-            yield taken
-        finally:
-            if taken:
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+        return "SELECT pg_try_advisory_lock(%s)", "SELECT pg_advisory_unlock(%s)", key
 
     @staticmethod
     def _claim_statement(
