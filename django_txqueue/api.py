@@ -19,6 +19,7 @@ from django.db.models.functions import Now
 from . import conf, store
 from .db import dialect_for
 from .db.compiler import ClaimStatement
+from .db.inserts import inserts
 from .exceptions import QueueFull
 from .models import QueueItem, QueueItemQuerySet
 from .status import UNFINISHED, Status
@@ -148,7 +149,7 @@ class Queue:
             raise ValueError("pass run_at or delay, not both")
         if max_attempts is None:
             max_attempts = conf.queue_option(self.name, "MAX_ATTEMPTS")
-        item = QueueItem(
+        item = inserts(QueueItem, self.using).new(
             queue=self.name,
             payload=payload,
             priority=priority,

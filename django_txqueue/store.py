@@ -27,6 +27,7 @@ from . import conf
 from . import retry as backoff
 from .db import dialect, dialect_for
 from .db.compiler import ClaimStatement, ClaimValues, ack_sql, has_field, sort_items
+from .db.inserts import inserts
 from .status import FINISHED, Status
 from .validation import check_json, to_timedelta, validate_pid
 
@@ -87,17 +88,14 @@ def consumer_identity() -> str:
 
 
 def insert(item: QueueItem, using: str) -> QueueItem:
-    item.save(force_insert=True, using=using)
-    defer_computed(item)
+    inserts(type(item), using).insert([item])
     return item
 
 
 def insert_many(items: list[QueueItem], using: str) -> list[QueueItem]:
     """One INSERT per batch, all or none."""
-    created = type(items[0])._default_manager.using(using).bulk_create(items)
-    for item in created:
-        defer_computed(item)
-    return created
+    inserts(type(items[0]), using).insert(items)
+    return items
 
 
 def insert_unique(item: QueueItem, using: str) -> QueueItem:

@@ -43,6 +43,8 @@ class Dialect:
     # Producers wake consumers through the database itself (PostgreSQL's NOTIFY), so the
     # loopback datagrams of ``wakeup`` are not needed.
     has_notify: ClassVar[bool] = False
+    # Many rows are inserted from one array per column (``from_arrays``), not VALUES.
+    inserts_arrays: ClassVar[bool] = False
 
     def supports_skip_locked(self, connection: BaseDatabaseWrapper) -> bool:
         """``SELECT ... FOR UPDATE SKIP LOCKED``: PostgreSQL, MySQL 8+, MariaDB 10.6+."""
@@ -131,6 +133,10 @@ class Dialect:
     def listen(self, alias: str) -> Listener | None:
         """A listener for new-work announcements, or None where the database has none."""
         return None
+
+    def from_arrays(self, types: list[str]) -> str:
+        """The rows of an INSERT, read from one array parameter per column of ``types``."""
+        raise NotSupportedError(f"{self.vendor} takes no arrays")
 
     def pk_in(self, pk: str, size: int) -> str:
         """SQL matching ``size`` primary keys, bound as ``pk_params`` of them."""

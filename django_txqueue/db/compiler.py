@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import cached_property
+from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.db import NotSupportedError, connections
@@ -248,22 +248,7 @@ class ClaimStatement:
 
     @property
     def plain(self) -> bool:
-        """Whether ``Model.from_db`` comes to storing each value in ``__dict__``: no
-        receiver of ``pre_init`` / ``post_init`` for the model (asked per claim, as they
-        may connect later), and, fixed per model, no ``from_db`` or ``__init__`` of its
-        own and no field that intercepts assignment."""
-        model = self.model
-        return self.plain_model and not heard(pre_init, model) and not heard(post_init, model)
-
-    @cached_property
-    def plain_model(self) -> bool:
-        model = self.model
-        return (
-            model.from_db.__func__ is Model.from_db.__func__  # type: ignore[attr-defined]
-            and model.__init__ is Model.__init__
-            and len(self.fields) == len(model._meta.concrete_fields)
-            and not any(hasattr(getattr(model, name, None), "__set__") for name in self.attnames)
-        )
+        return builds_plainly(self.model)
 
     @staticmethod
     def mark_claimed(items: list[Any], values: ClaimValues) -> list[Any]:
@@ -292,6 +277,27 @@ class ClaimStatement:
                     found.append((index, functions))
             self._converters[key] = found
         return self._converters[key]
+
+
+def builds_plainly(model: type[Model]) -> bool:
+    """Whether ``Model.from_db`` and ``model(**values)`` come to storing each value in
+    ``__dict__``, so that an instance may be built that way directly: no receiver of
+    ``pre_init`` / ``post_init`` for the model (asked each time, as they may connect
+    later), and, fixed per model, no ``from_db`` or ``__init__`` of its own and no field
+    that intercepts assignment."""
+    return _plain_model(model) and not heard(pre_init, model) and not heard(post_init, model)
+
+
+@cache
+def _plain_model(model: type[Model]) -> bool:
+    return (
+        model.from_db.__func__ is Model.from_db.__func__  # type: ignore[attr-defined]
+        and model.__init__ is Model.__init__
+        and not any(
+            hasattr(getattr(model, field.attname, None), "__set__")
+            for field in model._meta.concrete_fields
+        )
+    )
 
 
 _now_sql: dict[str, str] = {}

@@ -30,6 +30,7 @@ CHANNEL = "django_txqueue"
 class PostgreSQL(Dialect):
     vendor = "postgresql"
     has_notify = True
+    inserts_arrays = True
 
     def claim_skip_locked(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         """Lock the first ready rows nobody else holds and claim them, in one round trip."""
@@ -73,6 +74,14 @@ class PostgreSQL(Dialect):
             f"RETURNING {claim.columns()}"
         )
         return sql, candidate_params + assignment_params + [Status.READY]
+
+    def from_arrays(self, types: list[str]) -> str:
+        """``unnest`` of one array per column: nine parameters for a thousand rows, which
+        psycopg and the planner handle far faster than nine thousand. Sizes are dropped
+        (varchar[], not varchar(100)[]): a cast would cut a long value where the column
+        refuses it."""
+        arrays = ", ".join(f"%s::{column_type.split('(')[0]}[]" for column_type in types)
+        return f"SELECT * FROM unnest({arrays})"
 
     def pk_in(self, pk: str, size: int) -> str:
         # One array parameter, not one per item: psycopg caches the parsing of statements

@@ -1,0 +1,250 @@
+"""Enqueue's INSERT: written once per table, database and row shape, then only bound.
+
+``Model.save()`` and ``bulk_create()`` compile their INSERT again and run every field's
+conversion on each call, which costs about as much as the round trip itself. New items
+of a queue differ only in their values: the statement is cached per shape (which
+columns are written, and the SQL of those given as expressions, such as a delayed
+``run_at``), and a value is converted by its field only when its type asks for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from functools import cached_property
+from itertools import groupby
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from django.db import connections, models, transaction
+from django.db.models import Model
+from django.db.models.base import ModelState
+from django.db.models.expressions import DatabaseDefault
+from django.db.models.sql import InsertQuery
+
+from . import dialect
+from .compiler import builds_plainly
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models import Field
+
+# Fields whose conversion leaves a plain int or str as it is on every vendor, so such a
+# value is bound without calling the field (get_db_prep_save costs microseconds).
+PLAIN_TYPES = (models.IntegerField, models.CharField, models.TextField)
+
+# A row's shape: the columns it writes, each with None when its value is bound, else
+# the SQL of its expression (the same shape always compiles to the same SQL).
+Shape = tuple[tuple[str, str | None], ...]
+
+
+M = TypeVar("M", bound=Model)
+
+
+class Inserts(Generic[M]):
+    """The INSERT statements of one model on one database alias."""
+
+    def __init__(self, model: type[M], alias: str) -> None:
+        self.model = model
+        self.alias = alias
+        self.pk = model._meta.pk
+        # Generated columns are the database's to fill; an automatic primary key too.
+        self.fields = {
+            field.attname: field
+            for field in model._meta.concrete_fields
+            if not field.generated and not (field.primary_key and field.db_returning)
+        }
+        # Nullable columns without a database default: leaving one out writes NULL,
+        # and fewer values are quicker to send.
+        self.null = {
+            name
+            for name, field in self.fields.items()
+            if field.null and field.db_default is models.NOT_PROVIDED
+        }
+        # Per field: its name, itself, whether NULL may be left out, and whether a plain
+        # int or str needs no conversion.
+        self.columns = [
+            (name, field, name in self.null, isinstance(field, PLAIN_TYPES))
+            for name, field in self.fields.items()
+        ]
+        self.auto_pk = self.pk.attname not in self.fields
+        self._statements: dict[tuple[Shape, int], tuple[str, bool]] = {}
+        self._computed: dict[Shape, list[str]] = {}
+
+    @property
+    def connection(self) -> BaseDatabaseWrapper:
+        return connections[self.alias]
+
+    def new(self, **values: Any) -> M:
+        """``model(**values)``, unsaved; built directly (as ``Model.__init__`` would
+        build it, at a fraction of its cost) when nothing could tell the difference."""
+        if self.defaults is None or not builds_plainly(self.model):
+            return self.model(**values)
+        item = object.__new__(self.model)
+        item.__dict__ = {"_state": ModelState(), **self.defaults, **values}
+        return item
+
+    @cached_property
+    def defaults(self) -> dict[str, Any] | None:
+        """Each field's default as ``Model.__init__`` sets it; None if one is computed
+        per instance (a callable)."""
+        fields = [f for f in self.model._meta.concrete_fields if not f.generated]
+        if any(callable(field.default) for field in fields if field.has_default()):
+            return None
+        return {field.attname: field.get_default() for field in fields}
+
+    def insert(self, items: Sequence[M]) -> None:
+        """Insert ``items`` (unsaved instances of the model), all or none, and give each
+        its primary key; what the database computes is loaded on first access."""
+        connection = self.connection
+        rows = [self.row(connection, item) for item in items]
+        batches = list(self.batches(items, rows))
+        if len(batches) == 1:
+            self._insert(connection, *batches[0])
+            return
+        with transaction.atomic(using=self.alias, savepoint=False):
+            for batch in batches:
+                self._insert(connection, *batch)
+
+    def batches(
+        self, items: Sequence[M], rows: list[tuple[Shape, list[Any]]]
+    ) -> Iterator[tuple[Shape, Sequence[M], list[list[Any]]]]:
+        """Runs of items of the same shape, each at most ``batch_size`` long, with the
+        values of their rows."""
+        start = 0
+        for shape, run in groupby(rows, key=lambda row: row[0]):
+            values = [params for _, params in run]
+            for offset in range(0, len(values), self.batch_size):
+                batch = values[offset : offset + self.batch_size]
+                yield shape, items[start + offset : start + offset + len(batch)], batch
+            start += len(values)
+
+    @cached_property
+    def batch_size(self) -> int:
+        """Rows per statement, as many as the database's limit on bound values allows."""
+        fields = list(self.fields.values())
+        return max(1, self.connection.ops.bulk_batch_size(fields, [None] * 10_000))
+
+    def row(self, connection: BaseDatabaseWrapper, item: Model) -> tuple[Shape, list[Any]]:
+        """The shape of ``item``'s row and the values it binds, in one pass."""
+        values = item.__dict__
+        shape: list[tuple[str, str | None]] = []
+        params: list[Any] = []
+        for name, field, nullable, plain in self.columns:
+            value = values.get(name)
+            if value is None:
+                if nullable:
+                    continue  # left out: NULL is the column's default
+                shape.append((name, None))
+                params.append(None)
+            elif plain and type(value) in (int, str):
+                shape.append((name, None))
+                params.append(value)
+            elif not hasattr(value, "resolve_expression"):
+                shape.append((name, None))
+                params.append(field.get_db_prep_save(value, connection))
+            elif not isinstance(value, DatabaseDefault):  # else left to the db_default
+                sql, expression_params = self.expression_sql(field, value)
+                shape.append((name, sql))
+                params += expression_params
+        return tuple(shape), params
+
+    def _insert(
+        self,
+        connection: BaseDatabaseWrapper,
+        shape: Shape,
+        items: Sequence[M],
+        rows: list[list[Any]],
+    ) -> None:
+        by_arrays = self.by_arrays(connection, shape, len(items))
+        sql, returning = self.statement(connection, shape, 0 if by_arrays else len(items))
+        if by_arrays:  # one array per column
+            params = [list(column) for column in zip(*rows, strict=True)]
+        else:
+            params = [value for row in rows for value in row]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            if returning:
+                pks = [row[0] for row in cursor.fetchall()]
+            elif self.auto_pk and len(items) == 1:  # MySQL: no RETURNING, only one row's id
+                pks = [connection.ops.last_insert_id(cursor, "", "")]
+            else:
+                pks = []  # as bulk_create there: no primary keys
+        pk = self.pk.attname
+        computed = self.computed(shape)
+        for item, value in zip(items, pks, strict=False):
+            item.__dict__[pk] = value
+        for item in items:
+            item._state.adding, item._state.db = False, self.alias
+            for name in computed:  # loaded on first access, if ever
+                item.__dict__.pop(name, None)
+
+    def expression_sql(self, field: Field[Any, Any], value: Any) -> tuple[str, list[Any]]:
+        compiler = InsertQuery(self.model).get_compiler(connection=self.connection)
+        resolved = value.resolve_expression(compiler.query, allow_joins=False, for_save=True)
+        sql, params = compiler.compile(resolved)
+        return sql, list(params)
+
+    def computed(self, shape: Shape) -> list[str]:
+        """The fields the database computes for a row of ``shape``: those given as an
+        expression or left to their db_default, and the generated ones. Reading their
+        values back would cost more (per value, a conversion) than the rare query that
+        loads them when they are read."""
+        if shape not in self._computed:
+            written = dict(shape)
+            self._computed[shape] = [
+                field.attname
+                for field in self.model._meta.concrete_fields
+                if not field.primary_key
+                and written.get(field.attname, "") is not None
+                and not (field.attname in self.null and field.attname not in written)
+            ]
+        return self._computed[shape]
+
+    @staticmethod
+    def by_arrays(connection: BaseDatabaseWrapper, shape: Shape, rows: int) -> bool:
+        """Whether to send the rows as one array per column (where the database can
+        take them so, and every value is bound)."""
+        return (
+            rows > 1
+            and dialect(connection).inserts_arrays
+            and all(expression is None for _, expression in shape)
+        )
+
+    def statement(
+        self, connection: BaseDatabaseWrapper, shape: Shape, rows: int
+    ) -> tuple[str, bool]:
+        """The INSERT of ``rows`` rows of ``shape`` (0: from one array per column), and
+        whether it returns the automatic primary keys (not where the database cannot)."""
+        key = (shape, rows)
+        if key not in self._statements:
+            quote = connection.ops.quote_name
+            fields = [self.fields[name] for name, _ in shape]
+            columns = ", ".join(quote(str(field.column)) for field in fields)
+            if rows:
+                row = "(" + ", ".join(expression or "%s" for _, expression in shape) + ")"
+                source = "VALUES " + ", ".join([row] * rows)
+            else:
+                source = dialect(connection).from_arrays(
+                    [field.db_type(connection) or "" for field in fields]
+                )
+            sql = f"INSERT INTO {quote(self.model._meta.db_table)} ({columns}) {source}"
+            features = connection.features
+            returning = self.auto_pk and (
+                features.can_return_columns_from_insert
+                if rows == 1
+                else features.can_return_rows_from_bulk_insert
+            )
+            if returning:
+                sql += f" RETURNING {quote(str(self.pk.column))}"
+            self._statements[key] = (sql, returning)
+        return self._statements[key]
+
+
+_inserts: dict[tuple[type[Model], str], Inserts[Any]] = {}
+
+
+def inserts(model: type[M], alias: str) -> Inserts[M]:
+    """The ``Inserts`` of ``model`` on database ``alias``, made on first use."""
+    key = (model, alias)
+    if key not in _inserts:
+        _inserts[key] = Inserts(model, alias)
+    return _inserts[key]

@@ -1,0 +1,119 @@
+"""Enqueue's own INSERT (db/inserts.py): the rows it writes are the rows Model.save() and
+bulk_create() would write, on every database, in one statement per shape."""
+
+import datetime as dt
+
+import pytest
+from django.db import DatabaseError, IntegrityError, connection
+from django.db.models.functions import Now
+from django.db.models.signals import post_init
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_txqueue import Status
+from django_txqueue.db.inserts import inserts
+from django_txqueue.models import QueueItem
+from tests.testapp.models import Thing
+
+COLUMNS = ["queue", "payload", "priority", "key", "dedup_key", "max_attempts", "status"]
+
+
+def stored(item):
+    return QueueItem.objects.values(*COLUMNS).get(pk=item.pk)
+
+
+def written(queue, payload, **changes):
+    return {
+        "queue": queue,
+        "payload": payload,
+        "priority": 0,
+        "key": None,
+        "dedup_key": None,
+        "max_attempts": 5,
+        "status": Status.READY,
+        **changes,
+    }
+
+
+class TestOneItem:
+    def test_one_insert_and_a_saved_item(self, queue):
+        with CaptureQueriesContext(connection) as queries:
+            item = queue.enqueue({"seat": 12}, key="tenant-a", priority=3)
+        assert [q["sql"].split()[0] for q in queries.captured_queries] == ["INSERT"]
+        assert (item._state.adding, item._state.db) == (False, "default")
+        assert stored(item) == written(queue.name, {"seat": 12}, key="tenant-a", priority=3)
+
+    def test_database_computed_values_load_on_first_access(self, queue):
+        before = timezone.now() - dt.timedelta(seconds=5)
+        item = queue.enqueue(None)
+        row = QueueItem.objects.get(pk=item.pk)
+        assert item.run_at == row.run_at and item.created_at == row.created_at
+        assert item.run_at >= before
+        assert item.active_dedup_key is None
+
+    def test_null_payload_and_labels_are_written_as_null(self, queue):
+        item = queue.enqueue(None, dedup_key="once")
+        assert stored(item) == written(queue.name, None, dedup_key="once")
+        assert QueueItem.objects.get(pk=item.pk).active_dedup_key == "once"
+
+    def test_init_receivers_still_see_each_new_item(self, queue):
+        seen = []
+
+        def receiver(sender, instance, **kwargs):
+            seen.append(instance)
+
+        post_init.connect(receiver, sender=QueueItem)
+        try:
+            item = queue.enqueue({"n": 1})
+        finally:
+            post_init.disconnect(receiver, sender=QueueItem)
+        assert seen == [item]
+
+
+class TestManyItems:
+    def test_mixed_shapes_keep_each_item_with_its_row(self, queue):
+        # None payloads and keys leave columns out: each run of one shape is a statement.
+        payloads = [{"n": 0}, None, None, {"n": 3}, [4], None, "six"]
+        items = queue.enqueue_many(payloads)
+        assert queue.count() == len(payloads)
+        if connection.features.can_return_rows_from_bulk_insert:
+            assert [stored(item)["payload"] for item in items] == payloads
+            assert [item.pk for item in items] == sorted(item.pk for item in items)
+
+    def test_delayed_items_are_due_later_by_the_database_clock(self, queue):
+        items = queue.enqueue_many([1, 2, 3], delay=dt.timedelta(hours=1))
+        assert queue.claim(5) == []
+        for row in QueueItem.objects.filter(queue=queue.name):
+            assert row.run_at - row.created_at >= dt.timedelta(minutes=59)
+        assert len(items) == 3
+
+    def test_more_rows_than_one_statement_takes(self, queue):
+        count = inserts(QueueItem, "default").batch_size * 2 + 7
+        queue.enqueue_many([{"n": n} for n in range(count)])
+        assert sorted(p["n"] for p in queue.items.values_list("payload", flat=True)) == list(
+            range(count)
+        )
+
+    @pytest.mark.skipif("connection.vendor != 'postgresql'")
+    def test_postgresql_sends_one_array_per_column(self, queue):
+        with CaptureQueriesContext(connection) as queries:
+            queue.enqueue_many([{"n": n} for n in range(500)], key="k")
+        (insert,) = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+        assert "unnest(" in insert
+        assert queue.items.filter(key="k").count() == 500
+
+    def test_all_or_none_across_statements(self, transactional_db):
+        # Four statements (a claimed_at expression changes the shape); the last row fails.
+        things = [Thing(name=f"t{n}", claimed_at=Now() if n % 2 else None) for n in range(4)] + [
+            Thing(name=None)
+        ]
+        with pytest.raises(IntegrityError):
+            inserts(Thing, "default").insert(things)
+        assert Thing.objects.count() == 0
+
+    @pytest.mark.skipif("connection.vendor == 'sqlite'")  # SQLite keeps any length
+    def test_a_value_too_long_for_its_column_is_refused_not_cut(self, transactional_db):
+        things = [Thing(name="short"), Thing(name="x" * 60)]
+        with pytest.raises(DatabaseError):
+            inserts(Thing, "default").insert(things)
+        assert not Thing.objects.filter(name__startswith="x").exists()
