@@ -187,12 +187,39 @@ class Queue:
 
         ``lease`` defaults to this queue's ``LEASE``.
         """
+        if lease is None:
+            lease = conf.lease(self.name)  # one queue: no per-row CASE in the claim
+        return store.claim(self._claim_statement(limit), pid=pid, strategy=strategy, lease=lease)
+
+    def ack_and_claim(
+        self,
+        claim_token: int,
+        results: dict[Any, Any],
+        limit: int = 1,
+        *,
+        pid: str | None = None,
+        strategy: str = "auto",
+        lease: float | timedelta | None = None,
+    ) -> tuple[int, list[QueueItem]]:
+        """Acknowledge items of one claim (``{pk: result}``, of any queue), then claim as
+        ``claim`` does; in one round trip where the database allows. Returns how many
+        were acknowledged and the claimed items. The consumer's loop."""
+        if lease is None:
+            lease = conf.lease(self.name)
+        return store.ack_and_claim(
+            self._claim_statement(limit),
+            claim_token,
+            results,
+            pid=pid,
+            strategy=strategy,
+            lease=lease,
+        )
+
+    def _claim_statement(self, limit: int) -> ClaimStatement:
         statement = self._claims.get(limit)
         if statement is None:
             statement = self._claims[limit] = ClaimStatement(self.items, limit)
-        if lease is None:
-            lease = conf.lease(self.name)  # one queue: no per-row CASE in the claim
-        return store.claim(statement, pid=pid, strategy=strategy, lease=lease)
+        return statement
 
     @contextmanager
     def dequeue(self) -> Iterator[QueueItem | None]:

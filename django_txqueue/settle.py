@@ -44,11 +44,18 @@ class Outcome:
         self.retry = retry
 
 
+def results(group: list[Outcome]) -> dict[Any, Any]:
+    """``{pk: result}`` of successes, as ``store.ack_many`` takes them."""
+    return {outcome.item.pk: outcome.result for outcome in group}
+
+
 class Settler:
     def __init__(self, using: str) -> None:
         self.using = using
         self.outcomes: queue.SimpleQueue[list[Outcome]] = queue.SimpleQueue()
         self.unsettled: list[Outcome] = []
+        # One claim's successes, left for the next claim to acknowledge (``settle(hold=True)``).
+        self.held: tuple[int, list[Outcome]] | None = None
         self.processed = 0
         self.failed = 0
 
@@ -61,8 +68,12 @@ class Settler:
         with contextlib.suppress(queue.Empty):
             self.unsettled += self.outcomes.get(timeout=timeout)
 
-    def settle(self) -> list[Outcome]:
-        """Write every outcome received so far; returns those now settled."""
+    def settle(self, *, hold: bool = False) -> list[Outcome]:
+        """Write every outcome received so far; returns those now settled.
+
+        With ``hold``, one claim's successes are left unwritten as ``held``, for their
+        acknowledgement to ride with the next claim (``acknowledged`` settles them).
+        """
         while True:
             try:
                 self.unsettled += self.outcomes.get_nowait()
@@ -78,33 +89,55 @@ class Settler:
                 by_claim.setdefault(outcome.item.claim_token or 0, []).append(outcome)
             else:
                 already.append(outcome)
+        self.held = by_claim.popitem() if hold and by_claim else None
         settled: list[Outcome] = []
         try:
             for token, group in by_claim.items():
-                self._acknowledge(token, group)
+                self._report_refused(
+                    store.ack_many(QueueItem, self.using, token, results(group)), group
+                )
                 settled += group
             settled += already
             for outcome in errors:
                 self._fail(outcome)
                 settled.append(outcome)
         finally:
-            # What the database has leaves ``unsettled`` even when a later write fails.
-            if len(settled) == len(self.unsettled):
-                self.unsettled = []
-            else:
-                done = {id(outcome) for outcome in settled}
-                self.unsettled = [o for o in self.unsettled if id(o) not in done]
-            self._count(settled)
+            self._settled(settled)
         return settled
 
-    def _acknowledge(self, token: int, group: list[Outcome]) -> None:
-        results = {outcome.item.pk: outcome.result for outcome in group}
-        acknowledged = store.ack_many(QueueItem, self.using, token, results)
-        if acknowledged < len(results):
+    def held_ack(self) -> tuple[int, dict[Any, Any]] | None:
+        """The held claim token and ``{pk: result}`` to acknowledge, if any."""
+        if self.held is None:
+            return None
+        token, group = self.held
+        return token, results(group)
+
+    def acknowledged(self, count: int) -> list[Outcome]:
+        """The held successes were acknowledged (``count`` of them accepted): settle them."""
+        if self.held is None:
+            return []
+        group = self.held[1]
+        self.held = None
+        self._report_refused(count, group)
+        self._settled(group)
+        return group
+
+    def _settled(self, settled: list[Outcome]) -> None:
+        """What the database has leaves ``unsettled`` (even when a later write fails)."""
+        if len(settled) == len(self.unsettled):
+            self.unsettled = []
+        else:
+            done = {id(outcome) for outcome in settled}
+            self.unsettled = [o for o in self.unsettled if id(o) not in done]
+        self._count(settled)
+
+    @staticmethod
+    def _report_refused(acknowledged: int, group: list[Outcome]) -> None:
+        if acknowledged < len(group):
             logger.warning(
                 "%d of %d acknowledgements refused: their claims were taken over",
-                len(results) - acknowledged,
-                len(results),
+                len(group) - acknowledged,
+                len(group),
             )
 
     def _fail(self, outcome: Outcome) -> None:

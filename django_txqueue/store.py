@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from django.db import IntegrityError, OperationalError, connections, models, transaction
 from django.db.models import Case, F, Q, Value, When
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from .models import Consumer, QueueItem, QueueModel
 
+T = TypeVar("T")
 # A deadlock or lock-wait timeout (MySQL), or a busy SQLite file past its timeout, is
 # retried this many times with a short jittered pause before it reaches the caller.
 TRANSIENT_RETRIES = 5
@@ -147,7 +148,7 @@ def claim(
     return sort_items(items, statement.order)
 
 
-def _retrying_lock_conflicts(run: Callable[[], list[Any]], statement: ClaimStatement) -> list[Any]:
+def _retrying_lock_conflicts(run: Callable[[], T], statement: ClaimStatement) -> T:
     """Run ``run``, retrying the vendor's transient lock errors with a short jittered pause.
 
     Inside the caller's transaction the failed statement may have rolled the whole
@@ -195,6 +196,15 @@ def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any
     """
     if not results:
         return 0
+    with connections[alias].cursor() as cursor:
+        cursor.execute(*ack_statement(model, alias, claim_token, results))
+        return int(cursor.rowcount)
+
+
+def ack_statement(
+    model: type[Model], alias: str, claim_token: int, results: dict[Any, Any]
+) -> tuple[str, list[Any]]:
+    """``ack_many``'s UPDATE and its parameters."""
     connection = connections[alias]
     with_results = any(value is not None for value in results.values())
     params: list[Any] = [Status.DONE]
@@ -203,9 +213,34 @@ def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any
         for pk, value in results.items():
             params += [pk, field.get_db_prep_save(value, connection)]
     params += [*dialect(connection).pk_params(list(results)), Status.IN_PROGRESS, claim_token]
-    with connection.cursor() as cursor:
-        cursor.execute(ack_sql(model, connection, len(results), with_results), params)
-        return int(cursor.rowcount)
+    return ack_sql(model, connection, len(results), with_results), params
+
+
+def ack_and_claim(
+    statement: ClaimStatement,
+    claim_token: int,
+    results: dict[Any, Any],
+    *,
+    pid: str | None = None,
+    strategy: str = "auto",
+    lease: float | timedelta | None = None,
+) -> tuple[int, list[Any]]:
+    """``ack_many`` of one claim's items, then ``claim``: in one statement where the
+    database can run both at once (PostgreSQL, skip_locked), else one after the other.
+    Returns the number acknowledged and the claimed items."""
+    connection, dialect = statement.connection, statement.dialect
+    resolved = dialect.resolve_strategy(strategy, connection)
+    if not (results and resolved == "skip_locked" and dialect.acks_while_claiming):
+        acked = ack_many(statement.model, statement.alias, claim_token, results)
+        return acked, claim(statement, pid=pid, strategy=resolved, lease=lease)
+    validate_pid(pid)
+    duration = None if lease is None else to_timedelta(lease, "lease")
+    values = ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration)
+    ack = ack_statement(statement.model, statement.alias, claim_token, results)
+    acked, items = _retrying_lock_conflicts(
+        lambda: dialect.ack_and_claim(statement, values, ack), statement
+    )
+    return acked, sort_items(items, statement.order)
 
 
 def retry(

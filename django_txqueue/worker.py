@@ -1,8 +1,9 @@
 """The consumer loop: claim, hand to handler threads, settle; stop gracefully.
 
-The main thread claims and settles (two statements per batch: the claim and one
-fenced acknowledgement of the batch's successes); handlers run on ``concurrency``
-threads, so the main thread stays free to enforce the shutdown timeout. The
+The main thread claims and settles: per batch, a claim and one fenced acknowledgement
+of the batch's successes, in one statement where the database allows (PostgreSQL).
+Handlers run on ``concurrency`` threads, so the main thread stays free to enforce the
+shutdown timeout; with more than one, the next batch is claimed while one runs. The
 ``Liveness`` thread keeps the Consumer row, the leases and rescues; ``Settler``
 writes outcomes. No SQL here, no argument parsing, no printing: the command does
 those and hears about progress through a callback and logging.
@@ -26,6 +27,7 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 
 from . import conf, outbox, registry, signals, store
 from .api import Queue
+from .db import dialect_for
 from .exceptions import NotJSONSerializable
 from .liveness import Liveness
 from .models import Consumer, QueueItem
@@ -77,6 +79,9 @@ class Worker:
         self.handlers = {**handlers, outbox.QUEUE: outbox.run_call}
         self.using = using
         self.batch = batch or concurrency
+        # With several handler threads the next batch is claimed while one runs, so that
+        # no thread waits for a claim's round trip; its leases are renewed meanwhile.
+        self.capacity = self.batch * (2 if concurrency > 1 else 1)
         self.strategy = strategy
         self.lease = lease
         self.burst = burst
@@ -93,6 +98,7 @@ class Worker:
         # Not woken for on_commit calls: their committing process runs them.
         self.waiter = Waiter(using, [name for name in self.queues if name != outbox.QUEUE])
         self.settler = Settler(using)
+        self.acks_while_claiming = dialect_for(using).acks_while_claiming
         self.in_flight = InFlight()
         self.threads = HandlerThreads(concurrency, self._run_handlers)
         self.liveness = Liveness(
@@ -164,9 +170,13 @@ class Worker:
         """One turn of the loop; False when a burst run has drained its queues."""
         self.liveness.start()
         self._discover_queues()
-        self.in_flight.remove(self.settler.settle())
-        free = self.batch - len(self.in_flight)
+        # Where it saves a round trip, the successes' acknowledgement rides with the claim.
+        self.in_flight.remove(self.settler.settle(hold=self.acks_while_claiming))
+        held = len(self.settler.held[1]) if self.settler.held else 0
+        free = min(self.batch, self.capacity - len(self.in_flight) + held)
         claimed = self._claim(free) if free > 0 else []
+        if self.settler.held:  # no claim ran to take it
+            self.in_flight.remove(self.settler.settle())
         if claimed:
             self._idle_wait = FIRST_IDLE_WAIT
             self._dispatch(claimed)
@@ -199,9 +209,14 @@ class Worker:
     def _claim_from(self, name: str, limit: int) -> list[QueueItem]:
         if name == outbox.QUEUE:
             self._next_outbox = time.monotonic() + conf.get("POLL_INTERVAL")
-        return self.queues[name].claim(
-            limit, pid=self.identity, strategy=self.strategy, lease=self.lease
+        queue, held = self.queues[name], self.settler.held_ack()
+        if held is None:
+            return queue.claim(limit, pid=self.identity, strategy=self.strategy, lease=self.lease)
+        acknowledged, items = queue.ack_and_claim(
+            *held, limit, pid=self.identity, strategy=self.strategy, lease=self.lease
         )
+        self.in_flight.remove(self.settler.acknowledged(acknowledged))
+        return items
 
     def _dispatch(self, items: list[QueueItem]) -> None:
         """Hand the items to the handler threads, in one share per thread, so that a

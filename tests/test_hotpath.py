@@ -212,3 +212,53 @@ def test_a_large_batch_is_acknowledged_at_once_and_fenced():
     assert store.ack_many(QueueItem, "default", token ^ 1, pks) == 0  # another claim's token
     assert store.ack_many(QueueItem, "default", token, pks) == 120
     assert Queue("hotpath").count(status=Status.DONE) == 120
+
+
+class TestAckAndClaim:
+    """The consumer acknowledges a batch with its next claim: in one statement on
+    PostgreSQL (skip_locked), one after the other elsewhere; the same outcome on each."""
+
+    def test_acknowledges_the_held_claim_and_claims_the_next(self):
+        queue = Queue("hotpath")
+        queue.enqueue_many([{"n": n} for n in range(5)])
+        first = queue.claim(2)
+        results = {first[0].pk: {"sent": True}, first[1].pk: None}
+        acknowledged, second = queue.ack_and_claim(first[0].claim_token, results, 2)
+        assert acknowledged == 2
+        assert [item.payload["n"] for item in second] == [2, 3]
+        assert {item.status for item in second} == {Status.IN_PROGRESS}
+        rows = {row.pk: row for row in QueueItem.objects.filter(pk__in=results)}
+        assert {row.status for row in rows.values()} == {Status.DONE}
+        assert rows[first[0].pk].result == {"sent": True}
+        assert rows[first[0].pk].finished_at is not None
+
+    def test_a_stale_claim_is_refused_and_the_claim_still_runs(self):
+        queue = Queue("hotpath")
+        queue.enqueue_many([1, 2])
+        (held,) = queue.claim(1)
+        acknowledged, claimed = queue.ack_and_claim(held.claim_token ^ 1, {held.pk: None}, 5)
+        assert (acknowledged, len(claimed)) == (0, 1)
+        assert QueueItem.objects.get(pk=held.pk).status == Status.IN_PROGRESS
+
+    def test_with_nothing_left_to_claim_the_acknowledgement_still_counts(self):
+        queue = Queue("hotpath")
+        queue.enqueue(1)
+        (held,) = queue.claim(1)
+        assert queue.ack_and_claim(held.claim_token, {held.pk: 7}, 10) == (1, [])
+        assert QueueItem.objects.get(pk=held.pk).result == 7
+
+    def test_the_consumer_needs_one_statement_per_batch_on_postgresql(self):
+        Queue("hotpath").enqueue_many([{"n": n} for n in range(30)])
+        with CaptureQueriesContext(connection) as queries:
+            worker = drain({"hotpath": lambda item: {"n": item.payload["n"]}}, batch=10)
+        assert worker.processed == 30
+        statements = [q["sql"] for q in queries.captured_queries]
+        riding = [sql for sql in statements if sql.startswith("WITH acked AS")]
+        alone = [sql for sql in statements if sql.startswith('UPDATE "django_txqueue_queueitem"')]
+        if connection.vendor == "postgresql":
+            # Each batch's acknowledgement rides with the next claim, the last one's too.
+            assert (len(riding), len(alone)) == (3, 0)
+        else:
+            assert riding == []
+        done = QueueItem.objects.filter(queue="hotpath", status=Status.DONE)
+        assert sorted(row.result["n"] for row in done) == list(range(30))

@@ -293,6 +293,23 @@ class TestStop:
         assert Consumer.objects.get(identity=worker.identity).stopped_at is not None
 
 
+class TestClaimAhead:
+    """With several handler threads the next batch is claimed while one runs."""
+
+    @pytest.mark.parametrize(("concurrency", "held"), [(1, 2), (2, 4)])
+    def test_claimed_ahead_up_to_a_second_batch(self, concurrency, held):
+        Queue("slow").enqueue_many([{"seconds": 0.5}] * 8)
+        worker = worker_for("slow", concurrency=concurrency, batch=2)
+        claimed = QueueItem.objects.filter(status=Status.IN_PROGRESS)
+        with running(worker):
+            assert wait_for(lambda: Run.objects.count() >= 1)
+            time.sleep(0.2)  # time enough to claim ahead, while the first batch runs
+            assert claimed.count() == held
+        # Stopped: what no handler started went back READY, its attempt uncounted.
+        assert not claimed.exists()
+        assert Queue("slow").count(status=Status.DONE) == Run.objects.count()
+
+
 class TestWakeup:
     """Idle waits are made 30 s long, so only a wake-up explains a pick-up within 1 s."""
 

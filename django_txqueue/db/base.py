@@ -45,6 +45,8 @@ class Dialect:
     has_notify: ClassVar[bool] = False
     # Many rows are inserted from one array per column (``from_arrays``), not VALUES.
     inserts_arrays: ClassVar[bool] = False
+    # A batch's acknowledgement rides with the next skip_locked claim (``ack_and_claim``).
+    acks_while_claiming: ClassVar[bool] = False
 
     def supports_skip_locked(self, connection: BaseDatabaseWrapper) -> bool:
         """``SELECT ... FOR UPDATE SKIP LOCKED``: PostgreSQL, MySQL 8+, MariaDB 10.6+."""
@@ -80,6 +82,13 @@ class Dialect:
 
     def claim_update_limit(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         raise NotImplementedError
+
+    def ack_and_claim(
+        self, claim: ClaimStatement, values: ClaimValues, ack: tuple[str, list[Any]]
+    ) -> tuple[int, list[Any]]:
+        """Run the acknowledgement ``ack`` (SQL and parameters) and a skip_locked claim
+        together; return how many rows ``ack`` changed and the claimed items."""
+        raise NotSupportedError(f"{self.vendor} runs acknowledgements on their own")
 
     def lease_expiry(self, now: str) -> str:
         """SQL for ``now`` plus the lease, which is bound as ``lease_param``'s one %s."""

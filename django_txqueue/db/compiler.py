@@ -209,14 +209,17 @@ class ClaimStatement:
         return has_field(self.model, "queue")
 
     def fetch(self, sql: str, params: list[Any]) -> list[Any]:
-        """Run a statement that returns whole rows (``columns()``) and load them: each
-        column converted as Django converts it, then the instance built directly when
-        nothing could tell that from ``Model.from_db`` (which costs a ``setattr`` per field
-        and two signals per row), else through ``from_db``."""
-        connection = self.connection
-        with connection.cursor() as cursor:
+        """Run a statement that returns whole rows (``columns()``) and ``load`` them."""
+        with self.connection.cursor() as cursor:
             cursor.execute(sql, params)
-            rows = cursor.fetchall()
+            return self.load(cursor.fetchall())
+
+    def load(self, rows: list[Any]) -> list[Any]:
+        """Instances of rows of ``columns()``: each column converted as Django converts
+        it, then the instance built directly when nothing could tell that from
+        ``Model.from_db`` (which costs a ``setattr`` per field and two signals per row),
+        else through ``from_db``."""
+        connection = self.connection
         converters = self.converters(connection)
         fields = self.fields
         build = self.build if self.plain else self.from_db
