@@ -260,7 +260,12 @@ class ClaimStatement:
         The times it set by the database clock are left deferred: loaded on first access.
         """
         for item in items:
-            item.status, item.pid, item.claim_token = Status.IN_PROGRESS, values.pid, values.token
+            # A plain int, as a row read back holds, not the Status member.
+            item.status, item.pid, item.claim_token = (
+                int(Status.IN_PROGRESS),
+                values.pid,
+                values.token,
+            )
             item.attempts += 1
             item.__dict__.pop("claimed_at", None)
             item.__dict__.pop("lease_expires_at", None)
