@@ -7,7 +7,9 @@
   cause one extra poll.
 
 Polling stays the fallback everywhere: a lost datagram or notification costs at most
-one ``POLL_INTERVAL``.
+one ``POLL_INTERVAL``. A producer may hold an address list from before a consumer
+registered for ``ADDRESS_CACHE_SECONDS``; so for that long after registering, a
+consumer polls every ``NEW_CONSUMER_POLL`` instead of counting on datagrams.
 """
 
 from __future__ import annotations
@@ -28,12 +30,18 @@ from .models import Consumer
 
 logger = logging.getLogger(__name__)
 
-ADDRESS_CACHE_SECONDS = 1.0
+# Producers look consumers' addresses up at most this often: at most 4 lookups a second
+# per busy producer process, and a new consumer's fast polls last no longer than this.
+ADDRESS_CACHE_SECONDS = 0.25
+NEW_CONSUMER_POLL = 0.01  # seconds between polls while producers may not know us yet
 MAX_DATAGRAM = 512
 
 
 class Waiter:
-    """Blocks an idle consumer until a wake-up, a stop request or the timeout."""
+    """Blocks an idle consumer until a wake-up, a stop request or the timeout.
+
+    Its first wait must come after the consumer's row is registered with ``address``.
+    """
 
     def __init__(self, alias: str, queues: list[str]) -> None:
         self.alias = alias
@@ -43,6 +51,8 @@ class Waiter:
         os.set_blocking(self._stop_write, False)
         self.listener: Listener | None = None
         self.socket: socket.socket | None = None
+        # Until then producers may not know this consumer's address: set on the first wait.
+        self.unknown_until: float | None = None
         self.dialect = dialect_for(alias)
         # The LISTEN connection opens on the first wait: building a Waiter needs no database.
         if not self.dialect.has_notify and conf.get("LOCAL_WAKEUP"):
@@ -69,6 +79,11 @@ class Waiter:
         """Sleep up to ``timeout`` seconds; True if woken for one of our queues."""
         if self.listener is None and self.dialect.has_notify:
             self._listen()
+        if self.socket is not None:
+            if self.unknown_until is None:
+                self.unknown_until = time.monotonic() + ADDRESS_CACHE_SECONDS
+            if time.monotonic() < self.unknown_until:
+                timeout = min(timeout, NEW_CONSUMER_POLL)
         sources: list[Any] = [self._stop_read]
         if self.listener is not None:
             sources.append(self.listener)
@@ -159,14 +174,16 @@ def _send(queue: str, using: str) -> None:
 
 
 def _local_consumers(using: str) -> list[tuple[str, list[str]]]:
-    """Live consumers on this host with a wake-up address, cached for a second."""
+    """Live consumers on this host with a wake-up address, cached for ADDRESS_CACHE_SECONDS."""
     fetched_at, rows = _addresses.get(using, (0.0, []))
     if time.monotonic() - fetched_at > ADDRESS_CACHE_SECONDS:
+        # Timed from before the query: a consumer registered during it may be missing.
+        fetched_at = time.monotonic()
         rows = list(
             Consumer.objects.using(using)
             .filter(host=socket.gethostname(), stopped_at__isnull=True)
             .exclude(wakeup_address="")
             .values_list("wakeup_address", "queues")
         )
-        _addresses[using] = (time.monotonic(), rows)
+        _addresses[using] = (fetched_at, rows)
     return rows

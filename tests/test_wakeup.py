@@ -14,9 +14,10 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_txqueue import Queue, wakeup
+from django_txqueue import Queue, Status, wakeup
 from django_txqueue.models import Consumer
 from django_txqueue.wakeup import Waiter, wake_local_consumers
+from tests.test_worker import running, wait_for, worker_for
 
 NOTIFY = connection.vendor == "postgresql"
 datagrams = pytest.mark.skipif(NOTIFY, reason="PostgreSQL wakes consumers with LISTEN/NOTIFY")
@@ -29,8 +30,11 @@ class Waiters:
     def __init__(self):
         self.open = []
 
-    def __call__(self, queues=("mine",)):
+    def __call__(self, queues=("mine",), known=True):
+        """``known``: as if producers knew its address already (no fast polls first)."""
         waiter = Waiter("default", list(queues))
+        if known:
+            waiter.unknown_until = 0.0
         self.open.append(waiter)
         return waiter
 
@@ -139,6 +143,14 @@ class TestDatagrams:
         waiter.queues.add("found-later")  # as the consumer's discovery does
         send(waiter.address, b"found-later")
         assert waiter.wait(5) is True
+
+    def test_a_new_waiter_polls_often_while_producers_may_not_know_it(self, make_waiter, db):
+        waiter = make_waiter(known=False)
+        woken, took = timed(waiter.wait, 5)
+        assert woken is False and took < 1  # back to claim: a producer may have missed it
+        time.sleep(wakeup.ADDRESS_CACHE_SECONDS)
+        woken, took = timed(waiter.wait, 0.3)
+        assert woken is False and took >= 0.29  # known by now: idle waits are whole again
 
     def test_without_local_wakeup_there_is_no_socket(self, make_waiter, db, settings):
         settings.TXQUEUE = {"LOCAL_WAKEUP": False}
@@ -308,3 +320,29 @@ class TestWakeLocalConsumers:
             wake_local_consumers("mine", "default")
             assert connection.run_on_commit == []
         assert sent == []
+
+
+@pytest.mark.django_db(transaction=True)
+class TestNewConsumer:
+    """A producer that looked consumers up before this one registered does not keep
+    missing it: polls are 5 s long, so only a wake-up or the new consumer's fast polls
+    explain a start within a second."""
+
+    def test_starts_work_at_once_though_the_producer_looked_up_before_it_started(
+        self, settings, monkeypatch
+    ):
+        settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 5}
+        # Cached this long, the producer's list would outlast several of the growing polls.
+        monkeypatch.setattr(wakeup, "ADDRESS_CACHE_SECONDS", 3.0)
+        monkeypatch.setattr(wakeup, "_addresses", {})
+        wake_local_consumers("echo", "default")  # the producer looks up: no consumer yet
+        worker = worker_for("echo")
+        with running(worker):
+            assert wait_for(lambda: Consumer.objects.filter(identity=worker.identity).exists())
+            # Without fast polls its waits have grown by now (0.05 s doubling: the next poll
+            # comes 3.15 s after start), and the producer still sends to nobody.
+            time.sleep(1.8)
+            started = time.monotonic()
+            Queue("echo").enqueue({"ping": 1})
+            assert wait_for(lambda: Queue("echo").count(status=Status.DONE) == 1, timeout=5)
+            assert time.monotonic() - started < 1
