@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from django.db import connections, transaction
 
 from ..api import Queue
+from ..db import dialect
 from ..models import Consumer, QueueItem
 
 if TYPE_CHECKING:
@@ -79,6 +80,6 @@ class Target:
     def strategies(self) -> list[str]:
         """The claim strategies this database runs."""
         found = ["update_limit"]
-        if self.connection.features.has_select_for_update_skip_locked:
+        if dialect(self.connection).supports_skip_locked(self.connection):
             found.insert(0, "skip_locked")
         return found

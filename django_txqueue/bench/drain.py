@@ -46,7 +46,7 @@ def verify_exactly_once(target: Target, expected: int, processed: int) -> list[s
         total += n
         if (status, attempts) != (Status.DONE, 1):
             label = Status(status).label
-            problems.append(f"{n} item(s) {label} after {attempts} attempt(s), not DONE after 1")
+            problems.append(f"{n} item(s) {label} after {attempts} attempt(s), not done after 1")
     if total != expected:
         problems.append(f"{total} items in the queue where {expected} were enqueued")
     if processed != expected:
