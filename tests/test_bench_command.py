@@ -101,8 +101,9 @@ def test_a_json_run_of_every_part_verifies_and_spares_other_queues():
         assert row["ours"] > 0 and row["raw"] > 0
     wakeup = report["wakeup"]
     assert wakeup["latency"]["n"] == 10 and wakeup["cold_start"]["n"] == 1
-    assert wakeup["baseline"]["n"] == 10
-    for stats in (wakeup["latency"], wakeup["cold_start"], wakeup["baseline"]):
+    assert wakeup["baseline"]["n"] == 10 and wakeup["claim_statement"]["n"] == 10
+    for key in ("latency", "cold_start", "baseline", "claim_statement"):
+        stats = wakeup[key]
         assert 0 < stats["p50_ms"] <= stats["p95_ms"] <= stats["max_ms"]
     assert [row["backlog"] for row in report["scale"]] == [
         "10,000 ready",

@@ -310,6 +310,28 @@ def datagram_round_trips(alias: str, rounds: int, warm_up: int, gap: float) -> l
     return samples
 
 
+def claim_statements(target: Target, rounds: int, warm_up: int, gap: float) -> list[float]:
+    """One hand-written claim of one item on a raw connection, paced like the wake-ups:
+    after its wake-up a consumer must claim, so a wake-up cannot beat this either."""
+    strategy = target.strategies()[0]
+    target.clear()
+    target.fill(warm_up + rounds)
+    raw = RawQueue(target)
+    samples = []
+    try:
+        for counted in paced(rounds, warm_up, gap):
+            started = time.perf_counter()
+            claimed = raw.claim(1, strategy)
+            if counted:
+                samples.append(time.perf_counter() - started)
+            if claimed:
+                raw.ack(claimed)
+    finally:
+        raw.close()
+        target.clear()
+    return samples
+
+
 def wakeup_round_trips(target: Target, rounds: int, warm_up: int, gap: float) -> list[float]:
     if target.vendor == "postgresql":
         return notify_round_trips(target.alias, rounds, warm_up, gap)

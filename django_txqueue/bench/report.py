@@ -117,6 +117,7 @@ def table(result: dict[str, Any]) -> str:
             ("idle consumer", "latency", pct(wakeup["percent"])),
             ("cold start (first second)", "cold_start", ""),
             (wakeup["baseline_label"], "baseline", ""),
+            ("hand-written claim statement alone", "claim_statement", ""),
         ):
             stats = wakeup[key]
             count = "-" if stats is None else str(stats["n"])

@@ -23,7 +23,7 @@ from ..api import Queue
 from ..models import Consumer, QueueItem
 from ..status import Status
 from . import Target
-from .raw import wakeup_baseline_label, wakeup_round_trips
+from .raw import claim_statements, wakeup_baseline_label, wakeup_round_trips
 from .report import Progress, latency, percent
 
 GAP = 0.020  # seconds between items, and between baseline rounds
@@ -157,10 +157,12 @@ def run(
         finally:
             consumer.stop()
     target.clear()
-    baseline = None
+    baseline = claim = None
     if compare_raw:
         progress.phase(f"wake-up: {wakeup_baseline_label(target.vendor)}")
         baseline = latency(wakeup_round_trips(target, items, WARM_UP, GAP))
+        progress.phase("wake-up: hand-written claim statements")
+        claim = latency(claim_statements(target, items, WARM_UP, GAP))
     ours = latency(samples)
     return {
         "items": items,
@@ -169,6 +171,7 @@ def run(
         "cold_start": latency(cold),
         "baseline": baseline,
         "baseline_label": wakeup_baseline_label(target.vendor),
+        "claim_statement": claim,
         "percent": percent(ours["p50_ms"], baseline["p50_ms"]) if ours and baseline else None,
         "idle_cpu_percent": idle_cpu,
     }
