@@ -77,6 +77,8 @@ class RawQueue:
     def execute(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> Any:
         if self.vendor == "sqlite":
             sql = sql.replace("%s", "?")
+        # Plain ints: a driver may quote an IntEnum such as Status as a string.
+        params = [int(value) if isinstance(value, Status) else value for value in params]
         self.cursor.execute(sql, params)
         return self.cursor
 
