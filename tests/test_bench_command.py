@@ -38,7 +38,6 @@ def snapshot(queue):
 
 def test_refuses_a_database_whose_name_is_not_test_bench_or_staging(monkeypatch):
     # No database access is allowed here: the refusal comes before any query.
-    monkeypatch.setitem(connection.settings_dict, "NAME", "/srv/data/production.sqlite3")
     monkeypatch.setitem(connection.settings_dict, "NAME", "production")
     with pytest.raises(CommandError, match=r"'production'.*--yes"):
         call_command("txqueue_bench", "--json")
