@@ -1,7 +1,8 @@
-"""Benchmarks: run by hand as modules (``python -m tests.bench.<name>``), never by pytest.
+"""The admin benchmark (``python -m tests.bench.admin``), run by hand, never by pytest.
 
-They measure against DESIGN.md section 11 (the performance budget) and print a table; they
-assert nothing, so a noisy machine cannot fail a build.
+The queue's own workloads (enqueue, drain, wake-up, backlog scale) are
+``manage.py txqueue_bench`` (django_txqueue/bench). These print a table and assert
+nothing, so a noisy machine cannot fail a build.
 """
 
 import os

@@ -32,12 +32,6 @@ def noop(item):
     return None
 
 
-@handler("bench")
-def bench(item):
-    """tests/bench/wakeup.py: the item's result is the wall-clock time its handler started."""
-    return time.time()
-
-
 @handler("exits")
 def exits(item):
     """A handler that calls sys.exit(): its item's failure, not the consumer's end."""

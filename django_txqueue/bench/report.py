@@ -1,0 +1,146 @@
+"""What a run shows: a live progress line while it works, then a table or one JSON
+document. Progress goes to stderr (one line rewritten in place on a terminal, plain
+lines otherwise, nothing with ``--json``), so stdout holds only the result."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, TextIO
+
+
+class Progress:
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream = stream
+        self.live = bool(stream is not None and stream.isatty())
+        self.began = time.monotonic()
+        self._width = 0
+
+    def phase(self, text: str) -> None:
+        """A new step: rewritten in place on a terminal, a line of its own otherwise."""
+        if self.stream is None:
+            return
+        if self.live:
+            self.tick(text)
+        else:
+            self.stream.write(f"[{time.monotonic() - self.began:6.1f} s] {text}\n")
+            self.stream.flush()
+
+    def tick(self, text: str) -> None:
+        """A passing update within a step: shown on a terminal only."""
+        if not self.live or self.stream is None:
+            return
+        line = f"[{time.monotonic() - self.began:6.1f} s] {text}"
+        self.stream.write("\r" + line.ljust(self._width))
+        self.stream.flush()
+        self._width = len(line)
+
+    def close(self) -> None:
+        if self.live and self.stream is not None and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+
+
+def latency(samples: list[float]) -> dict[str, Any] | None:
+    """p50, p95 and max in milliseconds, and the sample count."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    return {
+        "n": len(ordered),
+        "p50_ms": statistics.median(ordered) * 1000,
+        "p95_ms": ordered[round(0.95 * (len(ordered) - 1))] * 1000,
+        "max_ms": ordered[-1] * 1000,
+    }
+
+
+def percent(ours: float | None, raw: float | None) -> float | None:
+    """Ours as a percentage of the hand-written figure (None without one)."""
+    if ours is None or not raw:
+        return None
+    return 100.0 * ours / raw
+
+
+# -- the table -------------------------------------------------------------------------
+
+
+def columns(rows: list[list[str]]) -> list[str]:
+    """Aligned columns: the first left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [row[0].ljust(widths[0])]
+        cells += [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}/s"
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def ms(value: dict[str, Any] | None, key: str) -> str:
+    return "-" if value is None else f"{value[key]:.2f} ms"
+
+
+def table(result: dict[str, Any]) -> str:
+    database = result["database"]
+    out = [
+        f"{database['vendor']} {database['version']}, database {database['name']!r} "
+        f"(alias {database['alias']}), queue {result['queue']!r}; "
+        f"{result['cpus']} CPUs, load average {result['load_average']}",
+    ]
+    if "enqueue" in result:
+        rows = [["enqueue", "txqueue", "hand-written", "% of it"]]
+        for entry in result["enqueue"]:
+            rows.append(
+                [entry["what"], rate(entry["ours"]), rate(entry["raw"]), pct(entry["percent"])]
+            )
+        out += ["", *columns(rows)]
+    if "drain" in result:
+        rows = [["drain (no-op items)", "txqueue", "hand-written", "% of it", "exactly once"]]
+        for entry in result["drain"]:
+            shape = f"{entry['strategy']}, batch {entry['batch']}, x{entry['processes']}"
+            verdict = "yes" if entry["verified"] else "NO"
+            rows.append(
+                [shape, rate(entry["ours"]), rate(entry["raw"]), pct(entry["percent"]), verdict]
+            )
+        out += ["", f"{result['drain'][0]['items']:,} items per drain", *columns(rows)]
+    if "wakeup" in result:
+        wakeup = result["wakeup"]
+        rows = [["wake-up, commit -> handler start", "n", "p50", "p95", "max", "p50 % of raw"]]
+        for label, key, share in (
+            ("idle consumer", "latency", pct(wakeup["percent"])),
+            ("cold start (first second)", "cold_start", ""),
+            (wakeup["baseline_label"], "baseline", ""),
+            ("hand-written claim statement alone", "claim_statement", ""),
+        ):
+            stats = wakeup[key]
+            count = "-" if stats is None else str(stats["n"])
+            row = [label, count, *(ms(stats, k) for k in ("p50_ms", "p95_ms", "max_ms"))]
+            rows.append([*row, share])
+        out += ["", *columns(rows)]
+        if wakeup.get("idle_cpu_percent") is not None:
+            out.append(f"idle consumer CPU: {wakeup['idle_cpu_percent']:.2f}% of one core")
+    if "scale" in result:
+        rows = [["claim rate (batch 10)", "ready", "done", "claimed", "txqueue", "% of 10k"]]
+        for entry in result["scale"]:
+            rows.append(
+                [
+                    entry["backlog"],
+                    f"{entry['ready']:,}",
+                    f"{entry['done']:,}",
+                    f"{entry['claimed']:,}",
+                    rate(entry["rate"]),
+                    pct(entry["percent"]),
+                ]
+            )
+        out += ["", *columns(rows)]
+    if result["problems"]:
+        out += ["", "VERIFICATION FAILED:", *(f"- {problem}" for problem in result["problems"])]
+    out += ["", f"({result['seconds']:.0f} s)"]
+    return "\n".join(out)
