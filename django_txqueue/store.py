@@ -207,12 +207,13 @@ def ack_statement(
     """``ack_many``'s UPDATE and its parameters."""
     connection = connections[alias]
     with_results = any(value is not None for value in results.values())
-    params: list[Any] = [Status.DONE]
+    # Plain ints: mysqlclient would quote a Status member as a string.
+    params: list[Any] = [int(Status.DONE)]
     if with_results:
         field: Any = model._meta.get_field("result")
         for pk, value in results.items():
             params += [pk, field.get_db_prep_save(value, connection)]
-    params += [*dialect(connection).pk_params(list(results)), Status.IN_PROGRESS, claim_token]
+    params += [*dialect(connection).pk_params(list(results)), int(Status.IN_PROGRESS), claim_token]
     return ack_sql(model, connection, len(results), with_results), params
 
 

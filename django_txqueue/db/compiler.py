@@ -173,7 +173,7 @@ class ClaimStatement:
                 f"{self.column('lease_expires_at')} = "
             )
         lease, lease_params = self.lease_expiry(values.lease)
-        params = [Status.IN_PROGRESS, values.pid, values.token]
+        params = [int(Status.IN_PROGRESS), values.pid, values.token]
         return self._assignments + lease, params + lease_params
 
     def lease_expiry(self, lease: timedelta | None) -> tuple[str, list[Any]]:

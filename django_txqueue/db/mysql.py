@@ -74,7 +74,7 @@ class MySQL(Dialect):
         return claim.fetch(
             f"SELECT {claim.columns()} FROM {claim.table} "
             f"WHERE {claim.column('status')} = %s AND {claim.column('claim_token')} = %s",
-            [Status.IN_PROGRESS, values.token],
+            [int(Status.IN_PROGRESS), values.token],
         )
 
     def lock_sql(self, connection: BaseDatabaseWrapper, name: str) -> tuple[str, str, Any]:

@@ -95,7 +95,7 @@ class PostgreSQL(Dialect):
             f"AND {claim.table}.{claim.column('status')} = %s "
             f"RETURNING {claim.columns()}"
         )
-        return sql, candidate_params + assignment_params + [Status.READY]
+        return sql, candidate_params + assignment_params + [int(Status.READY)]
 
     def from_arrays(self, types: list[str]) -> str:
         """``unnest`` of one array per column: nine parameters for a thousand rows, which

@@ -199,6 +199,7 @@ def dashboard_queries() -> list[tuple[str, Callable[[], Any]]]:
     from django.test import RequestFactory
     from django.utils import timezone
 
+    from django_txqueue import Queue
     from django_txqueue.models import QueueItem, Status
 
     hour_ago = timezone.now() - timedelta(hours=1)
@@ -245,6 +246,7 @@ def dashboard_queries() -> list[tuple[str, Callable[[], Any]]]:
                 .annotate(n=Count("pk"))
             ),
         ),
+        ("Queue.stats() of one queue (1/20 of the rows)", lambda: Queue("queue-01").stats()),
         ("page of 100 rows, no stuck annotation", lambda: list(items.order_by("-pk")[:100])),
         ("page of 100 rows, with the stuck annotation", lambda: list(annotated[:100])),
         (
