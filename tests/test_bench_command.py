@@ -147,3 +147,11 @@ def test_a_table_and_progress_lines_without_json():
     assert Status.READY not in QueueItem.objects.filter(queue="txqueue-bench").values_list(
         "status", flat=True
     )
+
+
+def test_help_lists_every_option():
+    from django_txqueue.management.commands.txqueue_bench import Command
+
+    text = Command().create_parser("manage.py", "txqueue_bench").format_help()
+    for option in ("--compare-raw", "--json", "--processes", "--scale-rows", "--yes"):
+        assert option in text

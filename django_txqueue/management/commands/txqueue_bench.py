@@ -85,7 +85,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--compare-raw",
             action="store_true",
-            help="Run a hand-written SQL queue on the same table too; print ours as % of it.",
+            help="Run a hand-written SQL queue on the same table too; print ours as %% of it.",
         )
         parser.add_argument("--json", action="store_true", help="Print one JSON document.")
         parser.add_argument(
