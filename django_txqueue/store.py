@@ -226,9 +226,10 @@ def ack_and_claim(
     strategy: str = "auto",
     lease: float | timedelta | None = None,
 ) -> tuple[int, list[Any]]:
-    """``ack_many`` of one claim's items, then ``claim``: in one statement where the
-    database can run both at once (PostgreSQL, skip_locked), else one after the other.
-    Returns the number acknowledged and the claimed items."""
+    """``ack_many`` of one claim's items, then ``claim``: together where the database
+    can (skip_locked: one statement on PostgreSQL, one transaction on MySQL and
+    MariaDB), else one after the other. Returns the number acknowledged and the
+    claimed items."""
     connection, dialect = statement.connection, statement.dialect
     resolved = dialect.resolve_strategy(strategy, connection)
     if not (results and resolved == "skip_locked" and dialect.acks_while_claiming):

@@ -1,7 +1,8 @@
 """The consumer loop: claim, hand to handler threads, settle; stop gracefully.
 
 The main thread claims and settles: per batch, a claim and one fenced acknowledgement
-of the batch's successes, in one statement where the database allows (PostgreSQL).
+of the batch's successes, which rides with the next claim where that saves a round
+trip or a commit (PostgreSQL: one statement; MySQL and MariaDB: one transaction).
 Handlers run on ``concurrency`` threads, so the main thread stays free to enforce the
 shutdown timeout; with more than one, the next batch is claimed while one runs. The
 ``Liveness`` thread keeps the Consumer row, the leases and rescues; ``Settler``
@@ -170,7 +171,8 @@ class Worker:
         """One turn of the loop; False when a burst run has drained its queues."""
         self.liveness.start()
         self._discover_queues()
-        # Where it saves a round trip, the successes' acknowledgement rides with the claim.
+        # Where it saves a round trip or a commit, the successes' acknowledgement rides
+        # with the claim.
         self.in_flight.remove(self.settler.settle(hold=self.acks_while_claiming))
         held = len(self.settler.held[1]) if self.settler.held else 0
         free = min(self.batch, self.capacity - len(self.in_flight) + held)

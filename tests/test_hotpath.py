@@ -8,6 +8,7 @@ field by field and type by type, to the row, and receivers the same arguments.
 import datetime
 import decimal
 import json
+import re
 
 import pytest
 from django.db import connection
@@ -215,7 +216,8 @@ def test_a_large_batch_is_acknowledged_at_once_and_fenced():
 
 class TestAckAndClaim:
     """The consumer acknowledges a batch with its next claim: in one statement on
-    PostgreSQL (skip_locked), one after the other elsewhere; the same outcome on each."""
+    PostgreSQL, in one transaction on MySQL and MariaDB (skip_locked), one after the
+    other on SQLite; the same outcome on each."""
 
     def test_acknowledges_the_held_claim_and_claims_the_next(self):
         queue = Queue("hotpath")
@@ -246,7 +248,7 @@ class TestAckAndClaim:
         assert queue.ack_and_claim(held.claim_token, {held.pk: 7}, 10) == (1, [])
         assert QueueItem.objects.get(pk=held.pk).result == 7
 
-    def test_the_consumer_needs_one_statement_per_batch_on_postgresql(self):
+    def test_each_acknowledgement_rides_with_the_next_claim(self):
         Queue("hotpath").enqueue_many([{"n": n} for n in range(30)])
         with CaptureQueriesContext(connection) as queries:
             worker = drain({"hotpath": lambda item: {"n": item.payload["n"]}}, batch=10)
@@ -254,9 +256,14 @@ class TestAckAndClaim:
         statements = [q["sql"] for q in queries.captured_queries]
         riding = [sql for sql in statements if sql.startswith("WITH acked AS")]
         alone = [sql for sql in statements if sql.startswith('UPDATE "django_txqueue_queueitem"')]
+        acks = [n for n, sql in enumerate(statements) if re.search(r"finished_at.? = ", sql)]
         if connection.vendor == "postgresql":
             # Each batch's acknowledgement rides with the next claim, the last one's too.
             assert (len(riding), len(alone)) == (3, 0)
+        elif connection.vendor == "mysql":
+            # Each opens the next claim's transaction: its locking read comes next.
+            assert len(acks) == 3
+            assert all("SKIP LOCKED" in statements[n + 1] for n in acks)
         else:
             assert riding == []
         done = QueueItem.objects.filter(queue="hotpath", status=Status.DONE)

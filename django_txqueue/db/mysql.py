@@ -27,6 +27,7 @@ TRANSIENT_ERRORS = {1213, 1205}
 
 class MySQL(Dialect):
     vendor = "mysql"
+    acks_while_claiming = True
 
     def claim_skip_locked(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         """Lock (and read) the first ready rows nobody else holds, mark them claimed, commit.
@@ -34,13 +35,31 @@ class MySQL(Dialect):
         The locking SELECT already returns whole rows, so no read-back is needed: two
         statements per claim, in one short transaction.
         """
+        return self._claim_skip_locked(claim, values, None)[1]
+
+    def ack_and_claim(
+        self, claim: ClaimStatement, values: ClaimValues, ack: tuple[str, list[Any]]
+    ) -> tuple[int, list[Any]]:
+        """The acknowledgement ``ack`` first in the skip_locked claim's transaction: one
+        commit (one log flush) per batch instead of two. It changes only rows its claim
+        holds and the claim never waits (SKIP LOCKED), so no lock cycle can form."""
+        return self._claim_skip_locked(claim, values, ack)
+
+    def _claim_skip_locked(
+        self, claim: ClaimStatement, values: ClaimValues, ack: tuple[str, list[Any]] | None
+    ) -> tuple[int, list[Any]]:
         connection = claim.connection
         lock = connection.ops.for_update_sql(skip_locked=True)
         candidates, params = claim.candidates(lock, whole_rows=True)
+        acknowledged = 0
         with transaction.atomic(using=connection.alias):
+            if ack is not None:
+                with connection.cursor() as cursor:
+                    cursor.execute(*ack)
+                    acknowledged = cursor.rowcount
             items = claim.fetch(candidates, params)
             if not items:
-                return []
+                return acknowledged, []
             assignments, assignment_params = claim.assignments(values)
             with connection.cursor() as cursor:
                 cursor.execute(
@@ -48,7 +67,7 @@ class MySQL(Dialect):
                     f"WHERE {claim.pk} IN ({', '.join(['%s'] * len(items))})",
                     assignment_params + [item.pk for item in items],
                 )
-        return claim.mark_claimed(items, values)
+        return acknowledged, claim.mark_claimed(items, values)
 
     def claim_update_limit(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         """One atomic ``UPDATE ... ORDER BY ... LIMIT n``, then read back by the claim token.
