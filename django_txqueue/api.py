@@ -206,8 +206,8 @@ class Queue:
         lease: float | timedelta | None = None,
     ) -> tuple[int, list[QueueItem]]:
         """Acknowledge items of one claim (``{pk: result}``, of any queue), then claim as
-        ``claim`` does; together where the database allows (``store.ack_and_claim``). Returns how many
-        were acknowledged and the claimed items. The consumer's loop."""
+        ``claim`` does; together where the database allows (``store.ack_and_claim``).
+        Returns how many were acknowledged and the claimed items. The consumer's loop."""
         if lease is None:
             lease = conf.lease(self.name)
         return store.ack_and_claim(

@@ -90,7 +90,7 @@ class ClaimStatement:
         self.alias: str = queryset.db
         self.order = tuple(self.queryset.query.order_by)
         self._candidates: dict[tuple[str, bool], tuple[str, list[Any]]] = {}
-        self._converters: dict[int, list[tuple[int, list[Any]]]] = {}
+        self._converters: dict[int, list[tuple[int, list[Any], bool]]] = {}
         self._assignments: str | None = None
         self._where_and_order: tuple[str, str, list[Any]] | None = None
 
@@ -226,7 +226,9 @@ class ClaimStatement:
         items = []
         for row in rows:
             values = list(row)
-            for index, functions in converters:
+            for index, functions, keeps_none in converters:
+                if values[index] is None and keeps_none:
+                    continue
                 for convert in functions:
                     values[index] = convert(values[index], fields[index], connection)
             items.append(build(values))
@@ -271,18 +273,21 @@ class ClaimStatement:
             item.__dict__.pop("lease_expires_at", None)
         return items
 
-    def converters(self, connection: BaseDatabaseWrapper) -> list[tuple[int, list[Any]]]:
-        """Django's per-field value converters for this connection, looked up once."""
+    def converters(self, connection: BaseDatabaseWrapper) -> list[tuple[int, list[Any], bool]]:
+        """Django's per-field value converters for this connection, looked up once, and
+        whether they leave NULL as None, so that a NULL needs no call: the backends' own
+        converters and those of Django's fields do (most columns of a claimed row are
+        NULL: its key, result, finish time...); a field of another package may not."""
         key = id(connection)
         if key not in self._converters:
             found = []
             for index, field in enumerate(self.fields):
                 column = field.get_col(self.model._meta.db_table)
-                functions = connection.ops.get_db_converters(column) + field.get_db_converters(
-                    connection
-                )
+                own = field.get_db_converters(connection)
+                functions = connection.ops.get_db_converters(column) + own
                 if functions:
-                    found.append((index, functions))
+                    keeps_none = not own or type(field).__module__.startswith("django.")
+                    found.append((index, functions, keeps_none))
             self._converters[key] = found
         return self._converters[key]
 
