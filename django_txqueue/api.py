@@ -12,17 +12,18 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import router, transaction
+from django.db import connections, router, transaction
 from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from . import conf, store
 from .db import dialect_for
 from .db.compiler import ClaimStatement
 from .db.inserts import inserts
 from .exceptions import QueueFull
-from .models import QueueItem, QueueItemQuerySet
-from .status import UNFINISHED, Status
+from .models import QueueBound, QueueItem, QueueItemQuerySet
+from .status import Status
 from .validation import (
     INT_RANGE,
     check_json,
@@ -115,8 +116,10 @@ class Queue:
             dedup_key=dedup_key,
             max_attempts=max_attempts,
         )
-        self.check_room(item, adding=1)
-        if dedup_key is None:
+        max_size = conf.queue_option(self.name, "MAX_SIZE")
+        if max_size is not None:
+            item = self._enqueue_bounded(item, max_size)
+        elif dedup_key is None:
             item = store.insert(item, self.using)
         else:
             item = store.insert_unique(item, self.using)
@@ -130,8 +133,11 @@ class Queue:
         items = [self.build(payload, **options) for payload in payloads]
         if not items:
             return []
-        self.check_room(items[0], adding=len(items))
-        created = store.insert_many(items, self.using)
+        max_size = conf.queue_option(self.name, "MAX_SIZE")
+        if max_size is not None:
+            created = self._enqueue_many_bounded(items, max_size)
+        else:
+            created = store.insert_many(items, self.using)
         wake_local_consumers(self.name, self.using)
         return created
 
@@ -168,14 +174,67 @@ class Queue:
             item.run_at = store.now_plus(to_timedelta(delay, "delay"))
         return item
 
-    def check_room(self, item: QueueItem, adding: int) -> None:
-        """Raise QueueFull if ``adding`` items would take the queue past MAX_SIZE."""
-        max_size = conf.queue_option(self.name, "MAX_SIZE")
-        if max_size is None:
-            return
-        current = self.items.filter(status__in=UNFINISHED).count()
-        if current + adding > max_size:
-            raise QueueFull(item, current)
+    def _enqueue_bounded(self, item: QueueItem, max_size: int) -> QueueItem:
+        """Lock the queue's bound, count, insert; or raise QueueFull having written nothing.
+
+        savepoint=False: inside the caller's transaction it adds no query, and outside
+        one the lock, the count and the insert still share a transaction of their own.
+        """
+        with transaction.atomic(using=self.using, savepoint=False):
+            current = self.lock_and_count()
+            if current + 1 <= max_size:
+                if item.dedup_key is None:
+                    return store.insert(item, self.using)
+                return store.insert_unique(item, self.using)
+            # A full queue still answers with the unfinished twin: it adds nothing.
+            twin = self._dedup_twin(item)
+            if twin is not None:
+                return twin
+        # Raised outside the block, which would otherwise doom the caller's transaction.
+        raise QueueFull(item, current)
+
+    def _enqueue_many_bounded(self, items: list[QueueItem], max_size: int) -> list[QueueItem]:
+        """As ``_enqueue_bounded``, for a batch that fits whole or not at all."""
+        with transaction.atomic(using=self.using, savepoint=False):
+            current = self.lock_and_count()
+            if current + len(items) <= max_size:
+                return store.insert_many(items, self.using)
+        raise QueueFull(items[0], current)
+
+    def _dedup_twin(self, item: QueueItem) -> QueueItem | None:
+        if item.dedup_key is None:
+            return None
+        return self.items.filter(active_dedup_key=item.dedup_key).first()
+
+    def lock_and_count(self) -> int:
+        """Lock this queue's bound row, then count its unfinished items.
+
+        The lock is held until the caller's transaction ends, so the count stays true
+        until its insert commits: producers of this queue take turns, whatever the
+        database. Only enqueues add unfinished items, and they all take this lock
+        first; consumers finishing items only lower the count and need no lock. Lock
+        order is always the bound row, then items; a claim never takes the bound row.
+        """
+        self._lock_bound()
+        # An OR of equalities, not IN: PostgreSQL matches each to its partial index.
+        unfinished = Q(status=Status.READY) | Q(status=Status.IN_PROGRESS)
+        return self.items.filter(unfinished).count()
+
+    def _lock_bound(self) -> None:
+        """Create this queue's bound row, or lock it if it exists, in one statement.
+
+        An upsert rather than "SELECT ... FOR UPDATE, INSERT if missing": producers
+        racing to create the row would otherwise hold shared locks on InnoDB (INSERT
+        IGNORE) and deadlock upgrading them, and on SQLite it takes the writer lock at
+        once, before the count.
+        """
+        unique_target = connections[self.using].features.supports_update_conflicts_with_target
+        QueueBound.objects.using(self.using).bulk_create(
+            [QueueBound(queue=self.name, locked_at=timezone.now())],
+            update_conflicts=True,
+            unique_fields=["queue"] if unique_target else None,
+            update_fields=["locked_at"],
+        )
 
     # -- consuming -----------------------------------------------------------------
 

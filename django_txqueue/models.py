@@ -30,6 +30,7 @@ __all__ = [
     "Effect",
     "NotNullIndex",
     "PartialIndex",
+    "QueueBound",
     "QueueItem",
     "QueueModel",
     "Status",
@@ -157,6 +158,26 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class QueueBound(models.Model):
+    """One row per bounded queue (``MAX_SIZE``), created by its first enqueue.
+
+    A producer locks its queue's row before counting and holds it until its transaction
+    ends, so producers of one bounded queue count and insert one at a time and the bound
+    is exact; unbounded queues never touch this table.
+    """
+
+    queue = models.CharField(max_length=MAX_QUEUE_NAME, primary_key=True)
+    # Written by every locking upsert: an upsert needs a column to update, and this one
+    # tells when the queue last took an item.
+    locked_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "queue bound"
+
+    def __str__(self) -> str:
+        return self.queue
 
 
 class QueueQuerySet(models.QuerySet[_M]):
