@@ -14,6 +14,7 @@ consumer polls every ``NEW_CONSUMER_POLL`` instead of counting on datagrams.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -164,6 +165,7 @@ def _send(queue: str, using: str) -> None:
         if _sender is None:
             _sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             _sender.setblocking(False)
+            atexit.register(_sender.close)  # one per process, kept until it exits
         payload = queue.encode()
         for address in targets:
             host, _, port = address.rpartition(":")
