@@ -66,7 +66,7 @@ class Inserts(Generic[M]):
             for name, field in self.fields.items()
         ]
         self.auto_pk = self.pk.attname not in self.fields
-        self._statements: dict[tuple[Shape, int], tuple[str, bool]] = {}
+        self._statements: dict[tuple[Shape, int], tuple[str, str, str]] = {}
         self._computed: dict[Shape, list[str]] = {}
 
     @property
@@ -214,28 +214,39 @@ class Inserts(Generic[M]):
     ) -> tuple[str, bool]:
         """The INSERT of ``rows`` rows of ``shape`` (0: from one array per column), and
         whether it returns the automatic primary keys (not where the database cannot)."""
-        key = (shape, rows)
+        head, row, returning = self.parts(connection, shape, rows)
+        if rows <= 1:
+            return head + row + returning, bool(returning)
+        # Not cached: one text per batch size would pile up in a long-lived process.
+        return head + ", ".join([row] * rows) + returning, bool(returning)
+
+    def parts(
+        self, connection: BaseDatabaseWrapper, shape: Shape, rows: int
+    ) -> tuple[str, str, str]:
+        """The statement's head, its rows' source (one VALUES row, or the arrays when
+        ``rows`` is 0) and its RETURNING clause (or ""), cached per shape."""
+        key = (shape, min(rows, 2))  # a single row and many rows differ in RETURNING
         if key not in self._statements:
             quote = connection.ops.quote_name
             fields = [self.fields[name] for name, _ in shape]
             columns = ", ".join(quote(str(field.column)) for field in fields)
+            table = quote(self.model._meta.db_table)
             if rows:
+                head = f"INSERT INTO {table} ({columns}) VALUES "
                 row = "(" + ", ".join(expression or "%s" for _, expression in shape) + ")"
-                source = "VALUES " + ", ".join([row] * rows)
             else:
-                source = dialect(connection).from_arrays(
+                head = f"INSERT INTO {table} ({columns}) "
+                row = dialect(connection).from_arrays(
                     [field.db_type(connection) or "" for field in fields]
                 )
-            sql = f"INSERT INTO {quote(self.model._meta.db_table)} ({columns}) {source}"
             features = connection.features
-            returning = self.auto_pk and (
+            returns = self.auto_pk and (
                 features.can_return_columns_from_insert
                 if rows == 1
                 else features.can_return_rows_from_bulk_insert
             )
-            if returning:
-                sql += f" RETURNING {quote(str(self.pk.column))}"
-            self._statements[key] = (sql, returning)
+            returning = f" RETURNING {quote(str(self.pk.column))}" if returns else ""
+            self._statements[key] = (head, row, returning)
         return self._statements[key]
 
 
