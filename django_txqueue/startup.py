@@ -51,3 +51,16 @@ def wait_for_database(alias: str, stopping: threading.Event, log: logging.Logger
 def one_line(exc: BaseException) -> str:
     """The error's message on one line (PostgreSQL's span several)."""
     return " ".join(str(exc).split())
+
+
+def missing_tables(alias: str) -> list[str]:
+    """The app's tables that database ``alias`` does not have: not migrated (yet). A
+    consumer would otherwise take a missing table for an outage and retry forever."""
+    from django.apps import apps
+
+    connection = connections[alias]
+    with connection.temporary_connection():
+        present = set(connection.introspection.table_names())
+    models = apps.get_app_config("django_txqueue").get_models()
+    wanted = [model._meta.db_table for model in models if model._meta.managed]
+    return sorted({table for table in wanted if table not in present})

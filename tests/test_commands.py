@@ -1,20 +1,52 @@
 """The commands: run_queue_consumer's arguments, and the maintenance commands
 txqueue_stats, txqueue_requeue_stuck and txqueue_purge."""
 
+import contextlib
 import datetime as dt
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.utils import timezone
 
 from django_txqueue import Queue, Status, enqueue, once, registry
 from django_txqueue.backends import TASKS_FRAMEWORK
 from django_txqueue.models import Consumer, Effect, QueueItem
+from tests.helpers import child_env
+
+
+@contextlib.contextmanager
+def empty_database(tmp_path):
+    """The name of a database of the tested vendor with no tables, dropped afterwards."""
+    if connection.vendor == "sqlite":
+        yield str(tmp_path / "empty.sqlite3")
+        return
+    name = f"txqueue_empty_{os.getpid()}"
+    params = connection.get_connection_params()
+    if connection.vendor == "postgresql":
+        import psycopg
+
+        admin = psycopg.connect(**{**params, "dbname": "postgres"}, autocommit=True)
+        create, drop = f'CREATE DATABASE "{name}"', f'DROP DATABASE IF EXISTS "{name}"'
+    else:
+        import MySQLdb
+
+        admin = MySQLdb.connect(**{k: v for k, v in params.items() if k != "database"})
+        create, drop = f"CREATE DATABASE `{name}`", f"DROP DATABASE IF EXISTS `{name}`"
+    try:
+        admin.cursor().execute(create)
+        yield name
+    finally:
+        admin.cursor().execute(drop)
+        admin.close()
 
 
 def run(*args, **options):
@@ -282,6 +314,18 @@ class TestRunQueueConsumer:
         with pytest.raises(CommandError, match="Unknown database alias 'nope'"):
             run_consumer("echo", "--burst", database="nope")
         assert not Consumer.objects.exists()
+
+    @pytest.mark.slow
+    def test_a_database_not_migrated_is_named_not_retried(self, db, tmp_path):
+        """A missing table is no outage: the consumer says to migrate and exits 1."""
+        with empty_database(tmp_path) as name:
+            env = {**child_env(), "TXQUEUE_TEST_NAME": name}
+            command = [sys.executable, "-m", "django", "run_queue_consumer", "echo", "--burst"]
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1
+        assert "has no django_txqueue_consumer, django_txqueue_effect" in done.stderr
+        assert "run `python manage.py migrate`" in done.stderr
+        assert "retrying" not in done.stderr
 
     @pytest.mark.parametrize(
         "option", ["--concurrency=0", "--batch=-1", "--processes=0", "--strategy=fastest"]

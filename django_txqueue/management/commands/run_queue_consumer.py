@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf, registry
 from ...backends import any_task_queue, find_task_queue
-from ...startup import wait_for_database
+from ...startup import missing_tables, wait_for_database
 from ...supervisor import Supervisor, child_argv
 from ...worker import Progress, Worker
 from .. import default_alias
@@ -104,6 +104,13 @@ class Command(BaseCommand):
         self.install_signal_handlers(stopping, stopping.set if worker is None else worker.stop)
         if not wait_for_database(using, stopping):
             return  # stopped while waiting: exit 0
+        if missing := missing_tables(using):
+            migrate = "python manage.py migrate" + (
+                "" if using == "default" else f" --database {using}"
+            )
+            raise CommandError(
+                f"Database {using!r} has no {', '.join(missing)} table: run `{migrate}`."
+            )
         if not options["skip_checks"]:
             self.check()
         if worker is not None:
