@@ -13,6 +13,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -153,6 +154,14 @@ class StuckFilter(admin.SimpleListFilter):
         return queryset
 
 
+def item_id(text: str) -> int | None:
+    """``text`` as an item id, or None: ASCII digits only ("²" is a digit to Python, not
+    to int()), and within a BIGINT, beyond which no id exists."""
+    if text.isascii() and text.isdigit() and int(text) < 2**63:
+        return int(text)
+    return None
+
+
 @admin.register(QueueItem)
 class QueueItemAdmin(QueueItemModelAdmin):
     list_display = (
@@ -257,6 +266,17 @@ class QueueItemAdmin(QueueItemModelAdmin):
         }
         return TemplateResponse(request, "admin/django_txqueue/queueitem/stuck.html", context)
 
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """Django's, once every selected value is an id: Django filters by them as they
+        come, and a forged one that is not a number would be a server error."""
+        selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        if any(item_id(value) is None for value in selected):
+            self.message_user(request, "The selection holds a value that is no item id.")
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset, *args, **kwargs)
+
     # -- search ------------------------------------------------------------------------
 
     def get_search_results(
@@ -267,8 +287,8 @@ class QueueItemAdmin(QueueItemModelAdmin):
         if not term:
             return queryset, False
         match = Q(key=term) | Q(dedup_key=term)
-        if term.isdigit() and int(term) < 2**63:  # beyond a BIGINT no id matches
-            match |= Q(pk=int(term))
+        if (pk := item_id(term)) is not None:
+            match |= Q(pk=pk)
         return queryset.filter(match), False
 
     # -- permissions: nothing is edited by hand ----------------------------------------
