@@ -20,6 +20,7 @@ import logging
 import os
 import select
 import socket
+import threading
 import time
 from typing import Any
 
@@ -49,6 +50,7 @@ class Waiter:
         self.queues = set(queues)
         self._stop_read, self._stop_write = os.pipe()
         self._closed = False
+        self._closing = threading.RLock()
         os.set_blocking(self._stop_write, False)
         self.listener: Listener | None = None
         self.socket: socket.socket | None = None
@@ -121,10 +123,14 @@ class Waiter:
 
     def interrupt(self) -> None:
         """Wake the waiting thread now (safe from a signal handler; a no-op once closed)."""
-        if self._closed:
-            return
-        with contextlib.suppress(BlockingIOError):  # already pending
-            os.write(self._stop_write, b"x")
+        # Under the lock: another thread's close() could otherwise free the pipe between
+        # the check and the write, whose number a new file may already have taken.
+        # Reentrant, for a signal handler that runs while this thread is in close().
+        with self._closing:
+            if self._closed:
+                return
+            with contextlib.suppress(BlockingIOError):  # already pending
+                os.write(self._stop_write, b"x")
 
     def close_listener(self) -> None:
         if self.listener is not None:
@@ -133,9 +139,10 @@ class Waiter:
             self.listener = None
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
         self.close_listener()
         if self.socket is not None:
             self.socket.close()

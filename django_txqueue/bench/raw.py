@@ -58,6 +58,15 @@ def connect(alias: str) -> Any:
     )
 
 
+DEADLOCK_RETRIES = 5
+
+
+def is_deadlock(exc: Exception) -> bool:
+    """PostgreSQL's deadlock_detected: its loop's statements each run alone (autocommit),
+    so one can be run again. (MySQL's skip_locked loop runs a transaction of several.)"""
+    return getattr(exc, "sqlstate", None) == "40P01"
+
+
 class RawQueue:
     """The minimal queue a DBA would write by hand for ``target``'s table and queue."""
 
@@ -79,7 +88,16 @@ class RawQueue:
             sql = sql.replace("%s", "?")
         # Plain ints: a driver may quote an IntEnum such as Status as a string.
         params = [int(value) if isinstance(value, Status) else value for value in params]
-        self.cursor.execute(sql, params)
+        for attempt in range(DEADLOCK_RETRIES):
+            try:
+                self.cursor.execute(sql, params)
+                return self.cursor
+            except Exception as exc:
+                # A deadlock between two claims that wait (update_limit), or a claim and an
+                # acknowledgement, rolled the statement back: run again, as any hand-written
+                # loop must and as the consumer does.
+                if not is_deadlock(exc) or attempt == DEADLOCK_RETRIES - 1:
+                    raise
         return self.cursor
 
     # -- producing ---------------------------------------------------------------------
