@@ -62,10 +62,9 @@ def progress(text: str) -> None:
 def judge(ours: dict[str, Any], peer: dict[str, Any]) -> None:
     """Ratio ours/theirs and whether the issue's target is met, into the peer's row."""
     target = TARGET_RATIO[peer["system"]]
-    ratio = None
     if ours.get("rate") and peer.get("rate"):
         ratio = ours["rate"] / peer["rate"]
-    peer.update(ratio=ratio, target=target, met=ratio is not None and ratio >= target)
+        peer.update(ratio=ratio, target=target, met=ratio >= target)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -82,7 +81,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                 row["system"],
                 str(row["batch"]),
                 f"{row['rate']:,.0f}/s",
-                "" if ratio is None and target is None else f"{ratio or 0:.1f}×",
+                "" if ratio is None else f"{ratio:.1f}×",
                 "" if target is None else f"≥ {target:.0f}×: {'met' if row['met'] else 'not met'}",
                 f"{wake['p50_ms']:.1f} / {wake['p95_ms']:.1f} ms" if wake else "",
                 "no: " + "; ".join(row["problems"]) if row["problems"] else "yes",

@@ -8,6 +8,7 @@ import queue as queue_module
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,44 +114,52 @@ def fork_drain(consume: Callable[[], None], items: int, processes: int) -> Drain
     return Drained(rate, problems)
 
 
-def _idle_worker(run_forever: Callable[[], None], ready: Any) -> None:
-    ready.set()
-    run_forever()
+Producer = Callable[[], AbstractContextManager[Callable[[int], float]]]
 
 
 def wakeup_latencies(
-    run_forever: Callable[[], None], enqueue_one: Callable[[int], float], samples: int
+    run_forever: Callable[[], None], producer: Producer, samples: int
 ) -> list[float]:
-    """Fork an idle worker running ``run_forever``; enqueue ``WARM_UP + samples`` jobs
-    ``GAP`` apart with ``enqueue_one(n)``, which returns its commit time; handler start
-    minus commit for each counted job."""
+    """Fork an idle worker running ``run_forever``; after ``WARM_UP`` jobs, enqueue
+    ``samples`` jobs ``GAP`` apart with the ``enqueue_one(n)`` that ``producer()`` yields
+    (entered after the fork, so that the worker shares none of its connections), which
+    returns the job's commit time; handler start minus commit for each."""
     global starts
     connections.close_all()
     context = multiprocessing.get_context("fork")
-    starts, ready = context.Queue(), context.Event()
-    worker = context.Process(target=_idle_worker, args=(run_forever, ready))
+    starts = context.Queue()
+    worker = context.Process(target=run_forever)
     worker.start()
-    try:
-        ready.wait(30)
-        time.sleep(1.0)  # past the worker's start-up: an idle worker is what is measured
-        committed = {}
-        clock = time.monotonic()
-        for n in range(WARM_UP + samples):
-            time.sleep(max(0.0, clock + n * GAP - time.monotonic()))
-            committed[n] = enqueue_one(n)
-        started = {}
+
+    def wait_for(count: int) -> dict[int, float]:
+        started: dict[int, float] = {}
         deadline = time.monotonic() + 30
-        while len(started) < len(committed):
+        while len(started) < count:
             try:
                 n, at = starts.get(timeout=0.5)
             except queue_module.Empty:
                 if not worker.is_alive() or time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"the idle worker ran {len(started)} of {len(committed)} jobs"
+                        f"the idle worker ran {len(started)} of {count} jobs"
                     ) from None
                 continue
             started[n] = at
-        return [started[n] - committed[n] for n in range(WARM_UP, WARM_UP + samples)]
+        return started
+
+    try:
+        with producer() as enqueue_one:
+            # One at a time, each waited for: the worker is up, listening and idle afterwards.
+            for n in range(-WARM_UP, 0):
+                enqueue_one(n)
+                wait_for(1)
+            time.sleep(1.0)
+            committed = {}
+            clock = time.monotonic()
+            for n in range(samples):
+                time.sleep(max(0.0, clock + n * GAP - time.monotonic()))
+                committed[n] = enqueue_one(n)
+            started = wait_for(samples)
+            return [started[n] - committed[n] for n in range(samples)]
     finally:
         worker.terminate()
         worker.join(10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from contextlib import nullcontext
 
 from django.db import transaction
 from django.tasks import task
@@ -61,16 +62,17 @@ def drain(items: int, processes: int) -> Drained:
     return result
 
 
+def _enqueue_one(n: int) -> float:
+    committed: list[float] = []
+    with transaction.atomic():
+        transaction.on_commit(lambda: committed.append(time.time()))
+        noop.enqueue(n)
+    return committed[0]
+
+
 def wakeup(samples: int) -> list[float]:
     DBTaskResult.objects.all().delete()
-
-    def enqueue_one(n: int) -> float:
-        committed: list[float] = []
-        with transaction.atomic():
-            transaction.on_commit(lambda: committed.append(time.time()))
-            noop.enqueue(n)
-        return committed[0]
-
-    latencies = wakeup_latencies(_run_forever, enqueue_one, samples)
+    # Django opens the producer's connection after the fork, on first use.
+    latencies = wakeup_latencies(_run_forever, lambda: nullcontext(_enqueue_one), samples)
     DBTaskResult.objects.all().delete()
     return latencies

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import asyncpg
 import psycopg
@@ -87,8 +89,8 @@ def drain(items: int, processes: int) -> Drained:
     return result
 
 
-def wakeup(samples: int) -> list[float]:
-    _clear()
+@contextmanager
+def _producer() -> Iterator[Callable[[int], float]]:
     with psycopg.connect(conninfo(), autocommit=True) as connection:
         queries = SyncQueries(SyncPsycopgDriver(connection))
 
@@ -96,6 +98,11 @@ def wakeup(samples: int) -> list[float]:
             queries.enqueue("noop", str(n).encode())  # autocommit: committed on return
             return time.time()
 
-        latencies = wakeup_latencies(_run_forever, enqueue_one, samples)
+        yield enqueue_one
+
+
+def wakeup(samples: int) -> list[float]:
+    _clear()
+    latencies = wakeup_latencies(_run_forever, _producer, samples)
     _clear()
     return latencies

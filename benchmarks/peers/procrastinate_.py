@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from procrastinate import App, PsycopgConnector
 
@@ -53,14 +55,19 @@ def drain(items: int, processes: int) -> Drained:
     return result
 
 
-def wakeup(samples: int) -> list[float]:
-    _clear()
+@contextmanager
+def _producer() -> Iterator[Callable[[int], float]]:
     with app.open():
 
         def enqueue_one(n: int) -> float:
             noop.defer(n=n)  # its own transaction: committed on return
             return time.time()
 
-        latencies = wakeup_latencies(_run_forever, enqueue_one, samples)
+        yield enqueue_one
+
+
+def wakeup(samples: int) -> list[float]:
+    _clear()
+    latencies = wakeup_latencies(_run_forever, _producer, samples)
     _clear()
     return latencies
