@@ -16,7 +16,7 @@ import psycopg
 from django.conf import settings
 from django.db import connections
 
-CHILD_TIMEOUT = 600.0  # seconds a drain may take before the benchmark gives up on it
+CHILD_TIMEOUT = 1200.0  # seconds a drain may take (django-tasks-db: minutes) before giving up
 GAP = 0.020  # seconds between wake-up jobs
 WARM_UP = 5  # uncounted wake-up jobs first
 

@@ -1,7 +1,7 @@
 """pgqueuer: asyncio, batch claims (``batch_size``), LISTEN/NOTIFY. Its workers use the
-asyncpg driver, the faster of its two by its own benchmark (and here: its psycopg driver
-waits up to a second for its listener before each idle check, about 4 s per worker's run);
-jobs are enqueued through its synchronous psycopg driver."""
+asyncpg driver, the faster of its two by its own benchmark (here its psycopg driver added
+about 4 s to every worker's run, spent in the idle check before a drain-mode exit); jobs are
+enqueued through its synchronous psycopg driver."""
 
 from __future__ import annotations
 
