@@ -1,0 +1,49 @@
+"""django-txqueue, through ``manage.py txqueue_bench``'s own workloads (its drain, with its
+exactly-once check, and its idle-consumer wake-up)."""
+
+from __future__ import annotations
+
+import time
+
+from django_txqueue import wakeup as local_wakeup
+from django_txqueue.bench import Target
+from django_txqueue.bench import drain as bench_drain
+from django_txqueue.bench import wakeup as bench_wakeup
+from django_txqueue.bench.report import Progress
+
+from .common import WARM_UP, Drained
+
+NAME = "django-txqueue"
+BATCH = 10
+TARGET = Target(alias="default", queue="peers-bench")
+
+
+def prepare() -> None:
+    """Its tables come with the Django migrations the runner applies."""
+
+
+def drain(items: int, processes: int) -> Drained:
+    drained = bench_drain.drain_once(
+        TARGET,
+        bench_drain.consume_with_worker,
+        items=items,
+        batch=BATCH,
+        strategy="skip_locked",
+        processes=processes,
+        progress=Progress(None),
+        label=NAME,
+    )
+    return Drained(drained.rate, drained.problems)
+
+
+def wakeup(samples: int) -> list[float]:
+    TARGET.clear()
+    consumer = bench_wakeup.IdleConsumer(TARGET)
+    try:
+        bench_wakeup.latencies(TARGET, WARM_UP)
+        # Producers look consumers up once a second: past that, this one is known to all.
+        time.sleep(local_wakeup.ADDRESS_CACHE_SECONDS)
+        return bench_wakeup.latencies(TARGET, samples)
+    finally:
+        consumer.stop()
+        TARGET.clear()
