@@ -46,7 +46,7 @@ from . import conf
 from .api import requeue_all_stuck
 from .db import dialect_for
 from .models import Consumer, Dashboard, QueueItem, QueueItemQuerySet, Status, stuck_condition
-from .monitoring import overview, stuck_items
+from .monitoring import estimated_count, overview, stuck_items
 from .status import FINISHED
 
 # A colour per state; the label is always written too, so the colour is never the only cue.
@@ -115,11 +115,7 @@ class EstimatedCountPaginator(AnyPaginator):
             if rows is not None and rows > self.exact_up_to:
                 return rows
             return queryset.count()
-        # Without the page's ordering and annotations: any index on the filter will do.
-        counted = queryset.order_by().values("pk")[: self.exact_up_to + 1].count()
-        if counted <= self.exact_up_to:
-            return counted
-        return max(dialect.approximate_count(queryset), counted)
+        return estimated_count(queryset, self.exact_up_to)
 
 
 class QueueNameFilter(admin.SimpleListFilter):

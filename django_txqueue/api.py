@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, router, transaction
-from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q
+from django.db.models import Count, DurationField, ExpressionWrapper, Min
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -22,7 +22,8 @@ from .db import dialect_for
 from .db.compiler import ClaimStatement
 from .db.inserts import inserts
 from .exceptions import QueueFull
-from .models import QueueBound, QueueItem, QueueItemQuerySet
+from .models import QueueBound, QueueItem, QueueItemQuerySet, any_status
+from .monitoring import estimated_count
 from .status import Status
 from .validation import (
     INT_RANGE,
@@ -35,8 +36,8 @@ from .validation import (
 )
 from .wakeup import wake_local_consumers
 
-# Queue.stats() counts DONE items while there are about this many; past that, the
-# planner's estimate stands: counting a million finished rows reads them all.
+# Queue.stats() counts DONE items up to this many; past that, the planner's estimate
+# stands: counting a million finished rows reads them all.
 EXACT_DONE_UP_TO = 10_000
 
 
@@ -119,10 +120,8 @@ class Queue:
         max_size = conf.queue_option(self.name, "MAX_SIZE")
         if max_size is not None:
             item = self._enqueue_bounded(item, max_size)
-        elif dedup_key is None:
-            item = store.insert(item, self.using)
         else:
-            item = store.insert_unique(item, self.using)
+            item = self._insert(item)
         wake_local_consumers(self.name, self.using)
         return item
 
@@ -183,9 +182,7 @@ class Queue:
         with transaction.atomic(using=self.using, savepoint=False):
             current = self.lock_and_count()
             if current + 1 <= max_size:
-                if item.dedup_key is None:
-                    return store.insert(item, self.using)
-                return store.insert_unique(item, self.using)
+                return self._insert(item)
             # A full queue still answers with the unfinished twin: it adds nothing.
             twin = self._dedup_twin(item)
             if twin is not None:
@@ -200,6 +197,11 @@ class Queue:
             if current + len(items) <= max_size:
                 return store.insert_many(items, self.using)
         raise QueueFull(items[0], current)
+
+    def _insert(self, item: QueueItem) -> QueueItem:
+        if item.dedup_key is None:
+            return store.insert(item, self.using)
+        return store.insert_unique(item, self.using)
 
     def _dedup_twin(self, item: QueueItem) -> QueueItem | None:
         if item.dedup_key is None:
@@ -216,9 +218,7 @@ class Queue:
         order is always the bound row, then items; a claim never takes the bound row.
         """
         self._lock_bound()
-        # An OR of equalities, not IN: PostgreSQL matches each to its partial index.
-        unfinished = Q(status=Status.READY) | Q(status=Status.IN_PROGRESS)
-        return self.items.filter(unfinished).count()
+        return self.items.filter(any_status(Status.READY, Status.IN_PROGRESS)).count()
 
     def _lock_bound(self) -> None:
         """Create this queue's bound row, or lock it if it exists, in one statement.
@@ -320,19 +320,15 @@ class Queue:
     def stats(self) -> dict[str, Any]:
         """Counts per status, stuck items, and how long the oldest due item has waited.
 
-        Read from indexes, never by scanning the finished rows: unfinished and FAILED
-        items are counted exactly; DONE items too while the planner estimates at most
-        ``EXACT_DONE_UP_TO`` of them, past that the estimate stands (PostgreSQL, MySQL).
+        Never reads all the finished rows: READY, IN_PROGRESS and FAILED items are counted
+        exactly from their indexes; DONE items exactly up to ``EXACT_DONE_UP_TO``, past
+        that the planner's estimate stands (PostgreSQL, MySQL).
         """
-        # An OR of equalities: PostgreSQL matches each to its partial index.
-        unfinished = (
-            Q(status=Status.READY) | Q(status=Status.IN_PROGRESS) | Q(status=Status.FAILED)
-        )
-        counts = self.items.order_by().filter(unfinished).values("status").annotate(n=Count("pk"))
+        indexed = any_status(Status.READY, Status.IN_PROGRESS, Status.FAILED)
+        counts = self.items.order_by().filter(indexed).values("status").annotate(n=Count("pk"))
         by_status = {row["status"]: row["n"] for row in counts}
         done = self.items.filter(status=Status.DONE)
-        estimated = dialect_for(self.using).approximate_count(done)
-        by_status[Status.DONE] = estimated if estimated > EXACT_DONE_UP_TO else done.count()
+        by_status[Status.DONE] = estimated_count(done, EXACT_DONE_UP_TO)
         waited = self.items.ready().aggregate(
             age=ExpressionWrapper(Now() - Min("run_at"), output_field=DurationField())
         )["age"]

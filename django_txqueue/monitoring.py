@@ -10,20 +10,20 @@ table, are only read for the last hour.
 from __future__ import annotations
 
 import datetime as dt
-import operator
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import reduce
+from typing import Any
 
-from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q, QuerySet
+from django.db.models import Count, DurationField, ExpressionWrapper, Min, QuerySet
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from . import conf
-from .models import Consumer, ConsumerQuerySet, QueueItem, QueueItemQuerySet
+from .db import dialect_for
+from .models import Consumer, ConsumerQuerySet, QueueItem, QueueItemQuerySet, any_status
 from .status import FINISHED, Status
 
 MINUTES = 60  # the span of the throughput chart
@@ -82,9 +82,7 @@ def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
         Status.IN_PROGRESS: "in_progress",
         Status.FAILED: "failed",
     }
-    # An OR of equalities, not status__in: PostgreSQL matches each to its partial index.
-    in_columns = reduce(operator.or_, (Q(status=status) for status in columns))
-    counts = items.order_by().filter(in_columns).values("queue", "status")
+    counts = items.order_by().filter(any_status(*columns)).values("queue", "status")
     for count in counts.annotate(n=Count("pk")):
         setattr(row(count["queue"]), columns[count["status"]], count["n"])
 
@@ -242,3 +240,14 @@ def throughput_chart(minutes: list[Minute]) -> SafeString:
         HEIGHT,
         body,
     )
+
+
+def estimated_count(queryset: QuerySet[Any], exact_up_to: int) -> int:
+    """How many rows ``queryset`` has, never reading more than ``exact_up_to + 1`` of them:
+    exact up to ``exact_up_to`` (its filters' indexes find them), beyond that the
+    planner's estimate, never below the rows counted (exact again where the database
+    keeps no statistics: SQLite)."""
+    counted = queryset.order_by().values("pk")[: exact_up_to + 1].count()
+    if counted <= exact_up_to:
+        return counted
+    return max(dialect_for(queryset.db).approximate_count(queryset), counted)

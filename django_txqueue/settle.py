@@ -105,6 +105,11 @@ class Settler:
             self._settled(settled)
         return settled
 
+    @property
+    def holding(self) -> int:
+        """How many successes are held for the next claim to acknowledge."""
+        return len(self.held[1]) if self.held else 0
+
     def held_ack(self) -> tuple[int, dict[Any, Any]] | None:
         """The held claim token and ``{pk: result}`` to acknowledge, if any."""
         if self.held is None:

@@ -139,13 +139,19 @@ def claim(
     ``lease`` None gives each item its queue's ``LEASE``. The strategy is resolved
     here, once per claim, from the caller's choice, the setting and the database.
     """
-    validate_pid(pid)
-    duration = None if lease is None else to_timedelta(lease, "lease")
+    values = claim_values(pid, lease)
     connection, dialect = statement.connection, statement.dialect
     resolved = dialect.resolve_strategy(strategy, connection)
-    values = ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration)
     items = _retrying_lock_conflicts(lambda: dialect.claim(resolved, statement, values), statement)
     return sort_items(items, statement.order)
+
+
+def claim_values(pid: str | None, lease: float | timedelta | None) -> ClaimValues:
+    """A new claim's pid (the caller's, checked, or this process's), fencing token and
+    lease (None: each item's queue's)."""
+    validate_pid(pid)
+    duration = None if lease is None else to_timedelta(lease, "lease")
+    return ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration)
 
 
 def _retrying_lock_conflicts(run: Callable[[], T], statement: ClaimStatement) -> T:
@@ -235,9 +241,7 @@ def ack_and_claim(
     if not (results and resolved == "skip_locked" and dialect.acks_while_claiming):
         acked = ack_many(statement.model, statement.alias, claim_token, results)
         return acked, claim(statement, pid=pid, strategy=resolved, lease=lease)
-    validate_pid(pid)
-    duration = None if lease is None else to_timedelta(lease, "lease")
-    values = ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration)
+    values = claim_values(pid, lease)
     ack = ack_statement(statement.model, statement.alias, claim_token, results)
     acked, items = _retrying_lock_conflicts(
         lambda: dialect.ack_and_claim(statement, values, ack), statement

@@ -174,10 +174,9 @@ class Worker:
         # Where it saves a round trip or a commit, the successes' acknowledgement rides
         # with the claim.
         self.in_flight.remove(self.settler.settle(hold=self.acks_while_claiming))
-        held = len(self.settler.held[1]) if self.settler.held else 0
-        free = min(self.batch, self.capacity - len(self.in_flight) + held)
+        free = min(self.batch, self.capacity - len(self.in_flight) + self.settler.holding)
         claimed = self._claim(free) if free > 0 else []
-        if self.settler.held:  # no claim ran to take it
+        if self.settler.holding:  # no claim ran to take it
             self.in_flight.remove(self.settler.settle())
         if claimed:
             self._idle_wait = FIRST_IDLE_WAIT

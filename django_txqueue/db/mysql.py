@@ -64,8 +64,8 @@ class MySQL(Dialect):
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"UPDATE {claim.table} SET {assignments} "
-                    f"WHERE {claim.pk} IN ({', '.join(['%s'] * len(items))})",
-                    assignment_params + [item.pk for item in items],
+                    f"WHERE {self.pk_in(claim.pk, len(items))}",
+                    assignment_params + self.pk_params([item.pk for item in items]),
                 )
         return acknowledged, claim.mark_claimed(items, values)
 
