@@ -17,7 +17,7 @@ from django.db.models import Count, DurationField, ExpressionWrapper, Min
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import conf, store
+from . import conf, fairness, store
 from .db import dialect_for
 from .db.compiler import ClaimStatement
 from .db.inserts import inserts
@@ -117,6 +117,8 @@ class Queue:
             dedup_key=dedup_key,
             max_attempts=max_attempts,
         )
+        if fairness.is_fair(self.name):
+            fairness.assign_rounds([item], self.using)
         max_size = conf.queue_option(self.name, "MAX_SIZE")
         if max_size is not None:
             item = self._enqueue_bounded(item, max_size)
@@ -132,6 +134,8 @@ class Queue:
         items = [self.build(payload, **options) for payload in payloads]
         if not items:
             return []
+        if fairness.is_fair(self.name):
+            fairness.assign_rounds(items, self.using)
         max_size = conf.queue_option(self.name, "MAX_SIZE")
         if max_size is not None:
             created = self._enqueue_many_bounded(items, max_size)
@@ -158,6 +162,8 @@ class Queue:
             raise ValueError("pass run_at or delay, not both")
         if max_attempts is None:
             max_attempts = conf.queue_option(self.name, "MAX_ATTEMPTS")
+        if key is None and (setting := fairness.needs_key(self.name)):
+            raise ValueError(f"queue {self.name!r} has {setting}: each item needs a key")
         item = inserts(QueueItem, self.using).new(
             queue=self.name,
             payload=payload,
@@ -246,7 +252,7 @@ class Queue:
         strategy: str = "auto",
         lease: float | timedelta | None = None,
     ) -> list[QueueItem]:
-        """Claim up to ``limit`` due items (priority, run_at, id order) and return them.
+        """Claim up to ``limit`` due items (round, priority, run_at, id order) and return them.
 
         ``lease`` defaults to this queue's ``LEASE``.
         """
@@ -281,8 +287,17 @@ class Queue:
     def _claim_statement(self, limit: int) -> ClaimStatement:
         statement = self._claims.get(limit)
         if statement is None:
-            statement = self._claims[limit] = ClaimStatement(self.items, limit)
+            statement = self._claims[limit] = ClaimStatement(self.claimable, limit)
         return statement
+
+    @property
+    def claimable(self) -> QueueItemQuerySet:
+        """The items a claim may take once they are due: all of them, or in an ordered
+        queue (or one with MAX_IN_FLIGHT_PER_KEY) those at the head of their key."""
+        limit = fairness.in_flight_limit(self.name)
+        if limit is not None:
+            return fairness.in_key_order(self.items, limit)  # type: ignore[return-value]
+        return self.items
 
     @contextmanager
     def dequeue(self) -> Iterator[QueueItem | None]:
@@ -305,7 +320,7 @@ class Queue:
 
     def peek(self) -> QueueItem | None:
         """The item the next claim would take, unchanged (or None)."""
-        return self.items.ready().order_by(*QueueItem.claim_order).first()
+        return self.claimable.ready().order_by(*QueueItem.claim_order).first()
 
     def count(self, status: int | None = Status.READY) -> int:
         """Exact number of items in ``status`` (None: all)."""
@@ -318,7 +333,8 @@ class Queue:
         return dialect_for(self.using).approximate_count(ready)
 
     def stats(self) -> dict[str, Any]:
-        """Counts per status, stuck items, and how long the oldest due item has waited.
+        """Counts per status, stuck items, and how long the oldest due item has waited;
+        for a fair or ordered queue also ``keys_waiting`` and ``top_keys``.
 
         Never reads all the finished rows: READY, IN_PROGRESS and FAILED items are counted
         exactly from their indexes; DONE items exactly up to ``EXACT_DONE_UP_TO``, past
@@ -332,7 +348,7 @@ class Queue:
         waited = self.items.ready().aggregate(
             age=ExpressionWrapper(Now() - Min("run_at"), output_field=DurationField())
         )["age"]
-        return {
+        stats = {
             "queue": self.name,
             "ready": by_status.get(Status.READY, 0),
             "in_progress": by_status.get(Status.IN_PROGRESS, 0),
@@ -341,6 +357,9 @@ class Queue:
             "stuck": self.items.stuck().count(),
             "oldest_ready_age_s": max(waited.total_seconds(), 0.0) if waited else 0.0,
         }
+        if fairness.needs_key(self.name):
+            stats.update(fairness.key_stats(self.items.filter(status=Status.READY)))
+        return stats
 
     # -- maintaining ---------------------------------------------------------------
 

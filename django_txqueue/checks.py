@@ -61,6 +61,12 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "RESCUE": (lambda v: v in (None, "retry", "fail"), "None, 'retry' or 'fail'"),
     "TIMEOUT": (lambda v: v is None or _positive_number(v), "None or a positive number"),
     "MAX_SIZE": (lambda v: v is None or _positive_int(v), "None or a positive integer"),
+    "FAIR": (_flag, "True or False"),
+    "ORDERED": (_flag, "True or False"),
+    "MAX_IN_FLIGHT_PER_KEY": (
+        lambda v: v is None or _positive_int(v),
+        "None or a positive integer",
+    ),
 }
 
 
@@ -115,6 +121,19 @@ def _check_queue(name: Any, options: Any) -> list[CheckMessage]:
             )
             continue
         errors += _check_value(f"{path}[{key!r}]", upper, value)
+    upper_options = {str(key).upper(): value for key, value in options.items()}
+    if upper_options.get("ORDERED") is True and upper_options.get("MAX_IN_FLIGHT_PER_KEY") not in (
+        None,
+        1,
+    ):
+        errors.append(
+            Error(
+                f"{path} is ORDERED, which runs one item per key at a time, and sets "
+                f"MAX_IN_FLIGHT_PER_KEY to {upper_options['MAX_IN_FLIGHT_PER_KEY']!r}.",
+                hint="Leave MAX_IN_FLIGHT_PER_KEY out (or 1), or ORDERED off.",
+                id="txqueue.E006",
+            )
+        )
     return errors
 
 

@@ -54,6 +54,12 @@ QUEUE_KEYS: dict[str, str | None] = {
     "LEASE": "LEASE",
     "MAX_ATTEMPTS": "MAX_ATTEMPTS",
     "MAX_SIZE": None,
+    # Fair queues serve their keys in rounds; ordered ones run one item per key at a
+    # time, in enqueue order (README: Fair queues and ordered groups).
+    "FAIR": None,
+    "ORDERED": None,
+    # At most this many items per key running at once, the key's earliest (README).
+    "MAX_IN_FLIGHT_PER_KEY": None,
     "DATABASE": "DATABASE",
     # What a rescue does with a stuck item: "retry" (READY again) or "fail" (FAILED at once,
     # for work that must never run twice).

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
+from django.db.backends.ddl_references import Statement
 from django.db.models import Case, F, Q, When
 from django.db.models.functions import Now
 
@@ -24,14 +25,15 @@ from .validation import MAX_LABEL, MAX_QUEUE_NAME
 
 if TYPE_CHECKING:
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
-    from django.db.backends.ddl_references import Statement
 
 __all__ = [
+    "ChaosRun",
     "Consumer",
     "Dashboard",
     "Effect",
     "NotNullIndex",
     "PartialIndex",
+    "PartialOnlyIndex",
     "QueueBound",
     "QueueItem",
     "QueueModel",
@@ -42,6 +44,8 @@ __all__ = [
 ]
 
 _M = TypeVar("_M", bound="QueueModel")
+# What a migration runs for an index this database does without (MySQL's no-op).
+NO_STATEMENT = Statement("DO 0")
 
 
 class PartialIndex(models.Index):
@@ -106,6 +110,34 @@ class NotNullIndex(PartialIndex):
         return Q(**{f"{first}__isnull": False})
 
 
+class PartialOnlyIndex(PartialIndex):
+    """An index over the items of fair queues (``round`` > 0), where the database has
+    partial indexes. Where it has none (MySQL, MariaDB) no index is made: the READY
+    ``StatusIndex`` there is led by status and serves the same reads, and a plain index
+    would cost every item's enqueue and claim."""
+
+    def where(self) -> Q:
+        return Q(round__gt=0)
+
+    def create_sql(
+        self,
+        model: type[models.Model],
+        schema_editor: BaseDatabaseSchemaEditor,
+        using: str = "",
+        **kwargs: Any,
+    ) -> Statement:
+        if schema_editor.connection.features.supports_partial_indexes:
+            return super().create_sql(model, schema_editor, using=using, **kwargs)
+        return NO_STATEMENT
+
+    def remove_sql(
+        self, model: type[models.Model], schema_editor: BaseDatabaseSchemaEditor, **kwargs: Any
+    ) -> str:
+        if schema_editor.connection.features.supports_partial_indexes:
+            return super().remove_sql(model, schema_editor, **kwargs)
+        return str(NO_STATEMENT)
+
+
 class ConsumerQuerySet(models.QuerySet["Consumer"]):
     def dead(self) -> ConsumerQuerySet:
         """Consumers that stopped, or whose heartbeat is older than CONSUMER_TIMEOUT."""
@@ -168,6 +200,25 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class ChaosRun(models.Model):
+    """One handler run on ``txqueue_chaos``'s queue: the item, the claim it ran under, the
+    consumer, and when it started and finished (None: its consumer died first)."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=MAX_QUEUE_NAME)
+    item_id = models.BigIntegerField(db_index=True)
+    claim_token = models.BigIntegerField()
+    consumer = models.CharField(max_length=255)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "chaos run"
+
+    def __str__(self) -> str:
+        return f"run of {self.item_id}"
 
 
 class QueueBound(models.Model):
@@ -307,7 +358,8 @@ class QueueItemQuerySet(QueueQuerySet["QueueItem"]):
 class QueueItem(QueueModel):
     """The app's own generic queue table: one row per unit of work."""
 
-    claim_order: ClassVar[tuple[str, ...]] = ("priority", "run_at", "pk")
+    # A fair queue's rounds come first; every other queue's items are all in round 0.
+    claim_order: ClassVar[tuple[str, ...]] = ("round", "priority", "run_at", "pk")
 
     id = models.BigAutoField(primary_key=True)
     queue = models.CharField(max_length=MAX_QUEUE_NAME)
@@ -316,6 +368,9 @@ class QueueItem(QueueModel):
     run_at = models.DateTimeField(db_default=Now(), help_text="Not before.")
     # NULL, not "", means "none": the unique index below ignores NULLs.
     key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    # A fair queue's round (``fairness``): claims serve round 1 before round 2, and so on.
+    # 0 in every other queue. Big: a busy key starts a new round with each item.
+    round = models.BigIntegerField(default=0, db_default=0, editable=False)
     dedup_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     # dedup_key while the item is unfinished, else NULL: a plain unique index on it
     # holds "one unfinished item per dedup_key" on every vendor, MySQL included.
@@ -343,7 +398,7 @@ class QueueItem(QueueModel):
         indexes = [
             StatusIndex(
                 status=Status.READY,
-                fields=["queue", "priority", "run_at", "id"],
+                fields=["queue", "round", "priority", "run_at", "id"],
                 name="txqueue_item_ready",
             ),
             StatusIndex(
@@ -353,7 +408,11 @@ class QueueItem(QueueModel):
             # dedup key, the throughput chart and purge (by finished_at), and the FAILED
             # filter and per-queue counts. DONE needs none: the newest DONE rows are the
             # newest rows, read backwards along the primary key.
-            NotNullIndex(fields=["key"], name="txqueue_item_key"),
+            # Also a key's unfinished items in enqueue order, for fair and ordered queues.
+            NotNullIndex(fields=["key", "queue", "status", "id"], name="txqueue_item_key"),
+            # The last round a fair queue served (``fairness.served_round``). MySQL reads
+            # it from the READY index, which is led by status there.
+            PartialOnlyIndex(fields=["queue", "status", "round"], name="txqueue_item_served"),
             NotNullIndex(fields=["dedup_key"], name="txqueue_item_dedup_key"),
             NotNullIndex(fields=["finished_at"], name="txqueue_item_finished"),
             StatusIndex(status=Status.FAILED, fields=["queue"], name="txqueue_item_failed"),

@@ -1,10 +1,10 @@
 """What the admin's monitoring pages show: the dashboard's row per queue and throughput
 of the last hour, and why each stuck item is stuck.
 
-Each figure comes from one grouped query over all queues (never a query per queue), and
-each query is served by an index: the partial status indexes for the unfinished and
-failed counts, the ``finished_at`` index for the throughput. DONE rows, 99% of a busy
-table, are only read for the last hour.
+Each figure comes from one grouped query over all queues (never a query per queue, but
+for the keys of fair and ordered queues), and each query is served by an index: the
+partial status indexes for the unfinished and failed counts, the ``finished_at`` index
+for the throughput. DONE rows, 99% of a busy table, are only read for the last hour.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from . import conf
+from . import conf, fairness
 from .db import dialect_for
 from .models import Consumer, ConsumerQuerySet, QueueItem, QueueItemQuerySet, any_status
 from .status import FINISHED, Status
@@ -40,6 +40,8 @@ class QueueRow:
     consumers: int = 0
     done_last_hour: int = 0
     failed_last_hour: int = 0
+    # A fair or ordered queue's keys_waiting and top_keys (fairness.key_stats).
+    keys: dict[str, Any] | None = None
 
     @property
     def oldest_ready_text(self) -> str:
@@ -65,13 +67,19 @@ class Overview:
         return throughput_chart(self.minutes)
 
     @property
+    def keyed(self) -> list[QueueRow]:
+        """The fair and ordered queues, with their keys."""
+        return [row for row in self.queues if row.keys is not None]
+
+    @property
     def peak(self) -> int:
         """The most items finished in any one minute."""
         return max((m.done + m.failed for m in self.minutes), default=0)
 
 
 def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
-    """Everything the dashboard shows, read from ``items`` and ``consumers``: six queries."""
+    """Everything the dashboard shows, read from ``items`` and ``consumers``: six queries,
+    and one more per fair or ordered queue."""
     rows: dict[str, QueueRow] = {}
 
     def row(name: str) -> QueueRow:
@@ -97,6 +105,10 @@ def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
     live = list(consumers.alive().values_list("queues", flat=True))
     for name, serving in Counter(name for queues in live for name in queues).items():
         row(name).consumers = serving
+
+    for queue in rows.values():  # one query per fair or ordered queue
+        if fairness.needs_key(queue.name):
+            queue.keys = fairness.key_stats(items.filter(queue=queue.name, status=Status.READY))
 
     minutes = last_hour(items, row)
     return Overview(sorted(rows.values(), key=lambda r: r.name), minutes, len(live))

@@ -32,6 +32,7 @@ from .status import FINISHED, Status
 from .validation import check_json, to_timedelta, validate_pid
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import Model, QuerySet
 
     from .models import Consumer, QueueItem, QueueModel
@@ -142,7 +143,9 @@ def claim(
     values = claim_values(pid, lease)
     connection, dialect = statement.connection, statement.dialect
     resolved = dialect.resolve_strategy(strategy, connection)
-    items = _retrying_lock_conflicts(lambda: dialect.claim(resolved, statement, values), statement)
+    items = _retrying_lock_conflicts(
+        lambda: dialect.claim(resolved, statement, values), statement.connection
+    )
     return sort_items(items, statement.order)
 
 
@@ -154,18 +157,18 @@ def claim_values(pid: str | None, lease: float | timedelta | None) -> ClaimValue
     return ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration)
 
 
-def _retrying_lock_conflicts(run: Callable[[], T], statement: ClaimStatement) -> T:
+def _retrying_lock_conflicts(run: Callable[[], T], connection: BaseDatabaseWrapper) -> T:
     """Run ``run``, retrying the vendor's transient lock errors with a short jittered pause.
 
     Inside the caller's transaction the failed statement may have rolled the whole
     transaction back: only the caller can retry that.
     """
-    owns_transaction = not statement.connection.in_atomic_block
+    owns_transaction = not connection.in_atomic_block
     for attempt in range(TRANSIENT_RETRIES):
         try:
             return run()
         except OperationalError as exc:
-            if not owns_transaction or not statement.dialect.is_transient(exc):
+            if not owns_transaction or not dialect(connection).is_transient(exc):
                 raise
             time.sleep(random.uniform(0.005, 0.02) * 2**attempt)
     return run()
@@ -202,9 +205,17 @@ def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any
     """
     if not results:
         return 0
-    with connections[alias].cursor() as cursor:
-        cursor.execute(*ack_statement(model, alias, claim_token, results))
-        return int(cursor.rowcount)
+    connection = connections[alias]
+    sql, params = ack_statement(model, alias, claim_token, results)
+
+    def run() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return int(cursor.rowcount)
+
+    # InnoDB may pick an acknowledgement as a deadlock's victim (against an update_limit
+    # claim, which locks as it reads): fenced, it is safe to run again.
+    return _retrying_lock_conflicts(run, connection)
 
 
 def ack_statement(
@@ -244,7 +255,7 @@ def ack_and_claim(
     values = claim_values(pid, lease)
     ack = ack_statement(statement.model, statement.alias, claim_token, results)
     acked, items = _retrying_lock_conflicts(
-        lambda: dialect.ack_and_claim(statement, values, ack), statement
+        lambda: dialect.ack_and_claim(statement, values, ack), statement.connection
     )
     return acked, sort_items(items, statement.order)
 

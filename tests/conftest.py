@@ -60,7 +60,7 @@ def spawn_claimers():
     wall-clock instant so that their claims overlap.
     """
 
-    def spawn(queue_name, processes, *, strategy, batch):
+    def spawn(queue_name, processes, *, strategy, batch, hold_ms=0):
         start_at = time.time() + 1.5
         children = [
             subprocess.Popen(
@@ -72,6 +72,7 @@ def spawn_claimers():
                     strategy,
                     str(batch),
                     str(start_at),
+                    str(hold_ms),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -94,7 +94,17 @@ elif VENDOR == "mysql":
 else:
     raise RuntimeError(f"TXQUEUE_TEST_DB must be sqlite, postgresql or mysql, not {VENDOR!r}")
 
-TXQUEUE = {"QUEUES": {"bounded": {"MAX_SIZE": 3}, "short": {"LEASE": 1, "MAX_ATTEMPTS": 2}}}
+TXQUEUE = {
+    "QUEUES": {
+        "bounded": {"MAX_SIZE": 3},
+        "short": {"LEASE": 1, "MAX_ATTEMPTS": 2},
+        # tests/test_fairness.py
+        "fair": {"FAIR": True},
+        "ordered": {"ORDERED": True},
+        "fair-ordered": {"FAIR": True, "ORDERED": True},
+        "limited": {"MAX_IN_FLIGHT_PER_KEY": 2},
+    }
+}
 # Consumer processes started by the tests get faster heartbeats and rescues this way.
 TXQUEUE.update(json.loads(os.environ.get("TXQUEUE_TEST_SETTINGS", "{}")))
 

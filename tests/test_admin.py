@@ -327,6 +327,19 @@ class TestDashboard:
         fragment = admin_client.get(DASHBOARD, {"fragment": "1"}).content.decode()
         assert '<table id="queue-table">' in fragment and "<html" not in fragment
 
+    def test_fair_and_ordered_queues_show_their_keys(self, admin_client, db):
+        for key, n in (("heavy", 3), ("light", 1)):
+            for _ in range(n):
+                enqueue("fair", {}, key=key)
+        enqueue("plain", {})
+        response = admin_client.get(DASHBOARD, {"fragment": "1"})
+        [fair] = response.context["overview"].keyed
+        assert fair.name == "fair"
+        assert fair.keys == {"keys_waiting": 2, "top_keys": [["heavy", 3], ["light", 1]]}
+        content = response.content.decode()
+        assert '<table id="key-table">' in content
+        assert f'href="{ITEMS}?queue=fair&amp;q=heavy">heavy</a> (3)' in content
+
     def test_linked_from_the_app_index(self, admin_client, db):
         app_index = reverse("admin:app_list", args=["django_txqueue"])
         assert f'href="{DASHBOARD}"' in admin_client.get(app_index).content.decode()
@@ -432,6 +445,12 @@ class TestEscaping:
             content = admin_client.get(url).content.decode()
             assert SCRIPT not in content, url
             assert "&lt;script&gt;alert(1)&lt;/script&gt;" in content, url
+
+    def test_a_fair_queues_keys_are_escaped_on_the_dashboard(self, admin_client, db):
+        enqueue("fair", {}, key=SCRIPT)
+        content = admin_client.get(DASHBOARD).content.decode()
+        assert SCRIPT not in content
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;</a> (1)" in content
 
     def test_consumer_fields_are_escaped(self, admin_client, db):
         Consumer.objects.create(identity=SCRIPT, host=SCRIPT, os_pid=1, queues=[SCRIPT])

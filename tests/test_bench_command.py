@@ -69,6 +69,32 @@ def test_the_verifier_reports_an_item_processed_twice():
     ]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_fair_part_compares_fair_and_bounded_queues_with_plain_ones():
+    out, _, failed = bench(
+        "--json", "--only", "fair", "--scale-rows", "2000", "--scale-claims", "100",
+        "--enqueue-items", "60",
+    )  # fmt: skip
+    assert failed is None, out
+    report = json.loads(out)["fair"]
+    assert [row["backlog"] for row in report["claims"]] == [
+        "plain, 10,000 ready",
+        "fair, 10,000 ready over 100 keys",
+        "plain, 2,000 ready",
+        "fair, 2,000 ready over 20 keys",
+    ]
+    for row in report["claims"]:
+        assert row["claimed"] == 100 and row["rate"] > 0
+    assert report["claims"][0]["percent_of_plain"] == pytest.approx(100)
+    assert [row["what"] for row in report["enqueue"]] == [
+        "plain",
+        "bounded (MAX_SIZE)",
+        "fair (100 per key)",
+    ]
+    assert all(row["rate"] > 0 for row in report["enqueue"])
+    assert not QueueItem.objects.filter(queue="txqueue-bench").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_json_run_of_every_part_verifies_and_spares_other_queues():

@@ -113,11 +113,38 @@ def test_not_a_dict(settings):
 
 
 @pytest.mark.parametrize("key", ["FAIR", "ordered"])
-def test_fair_and_ordered_are_unknown_until_implemented(settings, key):
-    [(msg_id, msg, hint)] = messages(settings, {"QUEUES": {"t": {key: True}}})
-    assert msg_id == "txqueue.E005"
-    assert f"TXQUEUE['QUEUES']['t'] has an unknown key {key!r}" in msg
-    assert "LEASE" in hint and "FAIR" not in hint
+@pytest.mark.parametrize("value", [True, False])
+def test_fair_and_ordered_take_a_flag(settings, key, value):
+    assert messages(settings, {"QUEUES": {"t": {key: value}}}) == []
+
+
+@pytest.mark.parametrize("key", ["FAIR", "ordered"])
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_fair_and_ordered_refuse_anything_but_a_flag(settings, key, value):
+    [(msg_id, msg, _)] = messages(settings, {"QUEUES": {"t": {key: value}}})
+    assert msg_id == "txqueue.E003"
+    assert msg == f"TXQUEUE['QUEUES']['t'][{key!r}] is {value!r}; it must be True or False."
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "2", True])
+def test_max_in_flight_per_key_takes_a_positive_integer(settings, value):
+    [(msg_id, msg, _)] = messages(settings, {"QUEUES": {"t": {"MAX_IN_FLIGHT_PER_KEY": value}}})
+    assert msg_id == "txqueue.E003"
+    assert "it must be None or a positive integer" in msg
+
+
+def test_ordered_with_more_than_one_in_flight_per_key_is_refused(settings):
+    options = {"ordered": True, "max_in_flight_per_key": 3}
+    [(msg_id, msg, hint)] = messages(settings, {"QUEUES": {"t": options}})
+    assert msg_id == "txqueue.E006"
+    assert "is ORDERED" in msg and "MAX_IN_FLIGHT_PER_KEY to 3" in msg
+    assert (
+        messages(settings, {"QUEUES": {"t": {"ORDERED": True, "MAX_IN_FLIGHT_PER_KEY": 1}}}) == []
+    )
+
+
+def test_fair_and_ordered_combine(settings):
+    assert messages(settings, {"QUEUES": {"t": {"FAIR": True, "ORDERED": True}}}) == []
 
 
 def test_per_queue_overrides_accept_lower_case(settings):

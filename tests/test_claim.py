@@ -184,8 +184,10 @@ class TestClaimPlans:
         Thing.objects.bulk_create([Thing(name="ready") for _ in range(ready)], batch_size=1500)
         return Thing.objects.all()
 
-    def statements(self, queryset, strategy):
-        """(sql, params) of each statement one claim of 5 ran, transaction control aside."""
+    def statements(self, claimer, strategy):
+        """(sql, params) of each statement one claim of 5 ran, transaction control aside.
+
+        ``claimer``: a queryset or a Queue."""
         ran = []
 
         def record(execute, sql, params, many, context):
@@ -193,7 +195,7 @@ class TestClaimPlans:
             return execute(sql, params, many, context)
 
         with connection.execute_wrapper(record):
-            assert len(queryset.claim(5, strategy=strategy)) == 5
+            assert len(claimer.claim(5, strategy=strategy)) == 5
         return [(sql, params) for sql, params in ran if not _is_tx_control(sql)]
 
     def explain(self, sql, params):
@@ -252,6 +254,57 @@ class TestClaimPlans:
             plan = self.explain(sql, params)
             self.assert_plan(plan, ready_index if number == 0 else None)
 
+    @pytest.mark.parametrize("name", ["fair", "ordered", "fair-ordered", "limited"])
+    def test_fair_and_ordered_claims_read_the_ready_index_in_order(self, strategy, name):
+        """An ordered claim adds two probes of the key index per candidate; a fair one
+        reads the READY index by round: neither scans nor sorts."""
+        queue = Queue(name)
+        for n in range(4):
+            queue.enqueue_many([{}] * 1500, key=f"done{n}")
+        QueueItem.objects.update(status=Status.DONE)
+        for n in range(100):
+            queue.enqueue_many([{}] * 30, key=f"k{n}")
+        running = list(queue.items.ready().values_list("pk", flat=True)[:3])
+        QueueItem.objects.filter(pk__in=running).update(status=Status.IN_PROGRESS)
+        self.analyze(QueueItem)
+        for number, (sql, params) in enumerate(self.statements(queue, strategy)):
+            self.assert_plan(
+                self.explain(sql, params), "txqueue_item_ready" if number == 0 else None
+            )
+
+    def test_a_fair_enqueue_reads_its_round_through_indexes(self):
+        queue = Queue("fair")
+        for n in range(4):
+            queue.enqueue_many([{}] * 1500, key=f"k{n}")
+        finished = queue.claim(3000)
+        QueueItem.objects.filter(pk__in=[item.pk for item in finished]).update(status=Status.DONE)
+        self.analyze(QueueItem)
+        ran = []
+
+        def record(execute, sql, params, many, context):
+            ran.append((sql, params))
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(record):
+            queue.enqueue({}, key="k1")
+        sql, params = ran[0]
+        assert sql.startswith("SELECT")
+        plan = self.explain(sql, params)
+        text = "\n".join(str(row) for row in plan)
+        if connection.vendor == "mysql":
+            # Only the key's newest few waiting rounds, a derived table, are read whole.
+            assert all(
+                row["type"] not in ("ALL", "index") or str(row["table"]).startswith("<derived")
+                for row in plan
+            ), text
+            assert not any("filesort" in (row["Extra"] or "") for row in plan), text
+        else:
+            assert "Seq Scan" not in text and "Sort" not in text, text
+            assert all(
+                not row["detail"].startswith("SCAN ") or row["detail"] == "SCAN CONSTANT ROW"
+                for row in plan
+            ), text
+
 
 def test_the_ready_index_is_the_models_own():
     """What update_limit's index hint names on MySQL: a QueueModel subclass's own READY
@@ -295,6 +348,45 @@ def test_a_lock_wait_timeout_during_a_claim_is_retried_not_raised():
         claimed = queue.claim(1, strategy="update_limit")
         assert [i.pk for i in claimed] == [item.pk]
         assert time.monotonic() - started >= 1.0  # it did wait, time out and retry
+    finally:
+        holder.join(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB lock-wait timeouts")
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_wait_timeout_during_an_acknowledgement_is_retried_not_raised():
+    """As for claims: a deadlock or lock-wait timeout fails only the fenced UPDATE, which
+    is run again (InnoDB picks acknowledgements as deadlock victims against
+    update_limit claims of ordered queues, whose subqueries lock what they read)."""
+    import threading
+
+    [item] = Queue("locked-ack").enqueue_many([{}]) and Queue("locked-ack").claim(1)
+    holding = threading.Event()
+
+    def hold_row():
+        other = connections.create_connection("default")
+        with other.cursor() as cursor:
+            cursor.execute("START TRANSACTION")
+            cursor.execute(
+                f"SELECT id FROM {QueueItem._meta.db_table} WHERE id = %s FOR UPDATE", [item.pk]
+            )
+            holding.set()
+            time.sleep(1.6)
+            cursor.execute("COMMIT")
+        other.close()
+
+    holder = threading.Thread(target=hold_row)
+    holder.start()
+    try:
+        assert holding.wait(5)
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+        started = time.monotonic()
+        assert item.ack()
+        assert time.monotonic() - started >= 1.0  # it did wait, time out and retry
+        assert QueueItem.objects.get(pk=item.pk).status == Status.DONE
     finally:
         holder.join(10)
         with connection.cursor() as cursor:

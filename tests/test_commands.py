@@ -323,7 +323,9 @@ class TestRunQueueConsumer:
             command = [sys.executable, "-m", "django", "run_queue_consumer", "echo", "--burst"]
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 1
-        assert "has no django_txqueue_consumer, django_txqueue_effect" in done.stderr
+        assert "Database 'default' has no django_txqueue_" in done.stderr
+        assert "django_txqueue_consumer" in done.stderr
+        assert "django_txqueue_queueitem table" in done.stderr
         assert "run `python manage.py migrate`" in done.stderr
         assert "retrying" not in done.stderr
 

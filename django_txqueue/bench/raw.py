@@ -127,17 +127,30 @@ class RawQueue:
             params += [self.queue, json.dumps(payload), Status.READY]
         self.execute(f"INSERT INTO {self.table} ({INSERT_COLUMNS}) VALUES {rows}", params)
 
-    def insert_generated(self, count: int, status: int) -> None:
+    def insert_generated(self, count: int, status: int, keys: int = 0) -> None:
         """``count`` rows in ``status`` (READY, or DONE as if drained) made by the database
-        itself: fast enough for a million-row backlog."""
+        itself: fast enough for a million-row backlog. With ``keys``, row n has key
+        ``k{n % keys}`` and the round a fair queue's enqueue would give it, n // keys + 1."""
         finished = "CURRENT_TIMESTAMP" if status == Status.DONE else "NULL"
         attempts = 1 if status == Status.DONE else 0
-        columns = f"{INSERT_COLUMNS}, finished_at"
+        key, round_, key_params = "NULL", "0", []
+        if keys:
+            key, round_ = {
+                "postgresql": ("'k' || mod(n, %s)", "n / CAST(%s AS integer) + 1"),
+                "mysql": ("CONCAT('k', MOD(n, %s))", "n DIV %s + 1"),
+                "sqlite": ("'k' || (n % %s)", "n / %s + 1"),
+            }[self.vendor]
+            key_params = [keys, keys]
+        quoted_key = "`key`" if self.vendor == "mysql" else '"key"'
+        columns = f"{INSERT_COLUMNS}, finished_at, {quoted_key}, round"
+        values = f"%s, {{json}}, 0, %s, '', %s, 5, '', '', {finished}, {key}, {round_}"
+        head = [self.queue, status, attempts, *key_params]
         if self.vendor == "postgresql":
             self.execute(
-                f"INSERT INTO {self.table} ({columns}) SELECT %s, jsonb_build_object('n', g),"
-                f" 0, %s, '', %s, 5, '', '', {finished} FROM generate_series(1, %s) AS g",
-                [self.queue, status, attempts, count],
+                f"INSERT INTO {self.table} ({columns}) SELECT "
+                + values.format(json="jsonb_build_object('n', n)")
+                + " FROM generate_series(0, %s - 1) AS n",
+                [*head, count],
             )
             return
         # A recursive CTE of 1,000 numbers, crossed with itself: no deep recursion (MySQL
@@ -146,12 +159,12 @@ class RawQueue:
         for start in range(0, count, 100_000):
             chunk = min(100_000, count - start)
             self.execute(
-                f"INSERT INTO {self.table} ({columns})"
-                f" SELECT %s, {json_n}, 0, %s, '', %s, 5, '', '', {finished} FROM ("
-                " WITH RECURSIVE d(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM d WHERE k < 999)"
-                " SELECT a.k * 1000 + b.k AS n FROM d AS a, d AS b WHERE a.k * 1000 + b.k < %s"
-                ") AS numbers",
-                [self.queue, status, attempts, chunk],
+                f"INSERT INTO {self.table} ({columns}) SELECT "
+                + values.format(json=json_n)
+                + " FROM (WITH RECURSIVE d(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM d"
+                " WHERE k < 999) SELECT %s + a.k * 1000 + b.k AS n FROM d AS a, d AS b"
+                " WHERE a.k * 1000 + b.k < %s) AS numbers",
+                [*head, start, chunk],
             )
 
     # -- consuming ---------------------------------------------------------------------
@@ -169,7 +182,7 @@ class RawQueue:
             " claimed_at = STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')"
             f" WHERE id IN (SELECT id FROM {self.table} WHERE queue = %s AND status = %s"
             " AND run_at <= STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')"
-            " ORDER BY priority, run_at, id LIMIT %s) RETURNING id, payload",
+            " ORDER BY round, priority, run_at, id LIMIT %s) RETURNING id, payload",
             [Status.IN_PROGRESS, self.queue, Status.READY, batch],
         ).fetchall()
         return [row[0] for row in rows]
@@ -180,7 +193,7 @@ class RawQueue:
             rows = self.execute(
                 f"WITH c AS MATERIALIZED (SELECT id FROM {self.table}"
                 " WHERE queue = %s AND status = %s AND run_at <= now()"
-                f" ORDER BY priority, run_at, id LIMIT %s {lock})"
+                f" ORDER BY round, priority, run_at, id LIMIT %s {lock})"
                 f" UPDATE {self.table} t SET status = %s, pid = 'raw',"
                 " attempts = t.attempts + 1, claimed_at = now(),"
                 " lease_expires_at = now() + interval '300 s'"
@@ -206,7 +219,7 @@ class RawQueue:
             " claim_token = %s, attempts = attempts + 1, claimed_at = NOW(6),"
             " lease_expires_at = NOW(6) + INTERVAL 300 SECOND"
             " WHERE status = %s AND queue = %s AND run_at <= NOW(6)"
-            " ORDER BY priority, run_at, id LIMIT %s",
+            " ORDER BY round, priority, run_at, id LIMIT %s",
             [Status.IN_PROGRESS, token, Status.READY, self.queue, batch],
         )
         if not self.cursor.rowcount:
@@ -221,7 +234,8 @@ class RawQueue:
         self.execute("START TRANSACTION")
         rows = self.execute(
             f"SELECT id, payload FROM {self.table} WHERE status = %s AND queue = %s"
-            " AND run_at <= NOW(6) ORDER BY priority, run_at, id LIMIT %s FOR UPDATE SKIP LOCKED",
+            " AND run_at <= NOW(6) ORDER BY round, priority, run_at, id LIMIT %s"
+            " FOR UPDATE SKIP LOCKED",
             [Status.READY, self.queue, batch],
         ).fetchall()
         ids = [row[0] for row in rows]

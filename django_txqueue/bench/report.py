@@ -140,6 +140,23 @@ def table(result: dict[str, Any]) -> str:
                 ]
             )
         out += ["", *columns(rows)]
+    if "fair" in result:
+        rows = [["claim rate (batch 10)", "claimed", "txqueue", "% of plain", "% of 10k"]]
+        for entry in result["fair"]["claims"]:
+            rows.append(
+                [
+                    entry["backlog"],
+                    f"{entry['claimed']:,}",
+                    rate(entry["rate"]),
+                    pct(entry["percent_of_plain"]),
+                    pct(entry["percent_of_10k"]),
+                ]
+            )
+        out += ["", *columns(rows)]
+        rows = [["enqueue(), one per transaction", "txqueue", "% of plain"]]
+        for entry in result["fair"]["enqueue"]:
+            rows.append([entry["what"], rate(entry["rate"]), pct(entry["percent"])])
+        out += ["", *columns(rows)]
     if result["problems"]:
         out += ["", "VERIFICATION FAILED:", *(f"- {problem}" for problem in result["problems"])]
     out += ["", f"({result['seconds']:.0f} s)"]

@@ -1,6 +1,9 @@
 """A child process: claim batches from one queue until it is empty, ack them, print ids.
 
-Usage: python -m tests.concurrency.claimer QUEUE STRATEGY BATCH START_AT
+Usage: python -m tests.concurrency.claimer QUEUE STRATEGY BATCH START_AT [HOLD_MS]
+
+With HOLD_MS, each item is held that long between its start and end, which its result
+records (wall clock), so that a test can check how processing intervals overlap.
 """
 
 import json
@@ -10,7 +13,7 @@ import time
 import django
 
 
-def main(queue_name: str, strategy: str, batch: int, start_at: float) -> None:
+def main(queue_name: str, strategy: str, batch: int, start_at: float, hold: float) -> None:
     django.setup()
     from django_txqueue import Queue
 
@@ -27,11 +30,16 @@ def main(queue_name: str, strategy: str, batch: int, start_at: float) -> None:
             continue
         empty_claims = 0
         for item in items:
-            if not item.ack(result={"by": item.pid}):
+            result = {"by": item.pid, "start": time.time()}
+            if hold:
+                time.sleep(hold)
+            result["end"] = time.time()
+            if not item.ack(result=result):
                 raise SystemExit(f"ack of freshly claimed item {item.pk} was fenced")
             claimed.append(item.pk)
     print(json.dumps(claimed))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    hold_ms = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), hold_ms / 1000)

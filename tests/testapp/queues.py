@@ -70,3 +70,17 @@ def record_atomically(item):
     if options.get("fail"):
         raise ValueError("the atomic handler failed")
     return options.get("result", "recorded")
+
+
+@handler("ordered")
+def timed(item):
+    """Records when it ran (wall clock) in its result, for tests of ordered groups."""
+    start = time.time()
+    time.sleep(0.01)
+    return {"start": start, "end": time.time()}
+
+
+@handler("soak")
+def soak(item):
+    """tests/bench/soak.py: when the handler started, against the enqueue time it carries."""
+    return {"started": time.time()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -24,6 +25,14 @@ from .. import default_alias
 def positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
+        raise ValueError(value)
+    return number
+
+
+def positive_seconds(value: str) -> float:
+    """A finite number of seconds above 0 (argparse names the option when it is not)."""
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
         raise ValueError(value)
     return number
 
@@ -52,7 +61,9 @@ class Command(BaseCommand):
             "--strategy", choices=conf.STRATEGIES, default="auto", help="Claim strategy."
         )
         parser.add_argument(
-            "--lease", type=float, help="Lease in seconds (default: TXQUEUE LEASE per queue)."
+            "--lease",
+            type=positive_seconds,
+            help="Lease in seconds (default: TXQUEUE LEASE per queue).",
         )
         parser.add_argument("--database", help="Database alias of the queue tables.")
         parser.add_argument(
@@ -63,7 +74,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--shutdown-timeout",
-            type=float,
+            type=positive_seconds,
             help="Seconds in-flight handlers get to finish on SIGTERM (default: TXQUEUE).",
         )
         parser.add_argument("--skip-checks", action="store_true", help="Skip system checks.")

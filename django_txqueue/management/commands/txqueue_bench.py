@@ -14,11 +14,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...api import Queue
-from ...bench import Target, drain, enqueue, scale, wakeup
+from ...bench import Target, drain, enqueue, fair, scale, wakeup
 from ...bench.report import Progress, table
 from .. import default_alias
 
-PARTS = ("enqueue", "drain", "wakeup", "scale")
+PARTS = ("enqueue", "drain", "wakeup", "scale", "fair")
+# "fair" (fair and bounded queues against plain ones) runs when asked for.
+DEFAULT_PARTS = PARTS[:-1]
 SAFE_WORDS = ("test", "bench", "staging")
 
 
@@ -37,8 +39,9 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--only",
-            default=",".join(PARTS),
-            help=f"Comma-separated parts to run (default: all of {','.join(PARTS)}).",
+            default=",".join(DEFAULT_PARTS),
+            help=f"Comma-separated parts to run, of {','.join(PARTS)} "
+            f"(default: {','.join(DEFAULT_PARTS)}).",
         )
         parser.add_argument(
             "--items", type=int, default=5000, help="Items per drain (default %(default)s)."
@@ -179,6 +182,14 @@ class Command(BaseCommand):
                     target,
                     scale_rows=options["scale_rows"],
                     claims=options["scale_claims"],
+                    progress=progress,
+                )
+            if "fair" in parts:
+                result["fair"] = fair.run(
+                    target,
+                    scale_rows=options["scale_rows"],
+                    claims=options["scale_claims"],
+                    enqueue_items=options["enqueue_items"],
                     progress=progress,
                 )
         finally:

@@ -41,6 +41,9 @@ class Command(BaseCommand):
             self.stdout.write("No queue items.")
         else:
             self.stdout.write(table(stats))
+            for stat in stats:
+                if "keys_waiting" in stat:
+                    self.stdout.write(keys_line(stat))
 
 
 def table(stats: list[dict[str, Any]]) -> str:
@@ -56,3 +59,9 @@ def table(stats: list[dict[str, Any]]) -> str:
         rest = (cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True))
         lines.append("  ".join([first, *rest]))
     return "\n".join(lines)
+
+
+def keys_line(stat: dict[str, Any]) -> str:
+    """A fair or ordered queue's keys: how many have waiting items, and the busiest."""
+    busiest = ", ".join(f"{key} ({count})" for key, count in stat["top_keys"])
+    return f"{stat['queue']}: {stat['keys_waiting']} keys waiting; most waiting: {busiest or '-'}"

@@ -1,0 +1,98 @@
+"""Fair queues and ordered groups (DESIGN section 8; seeds 000 and 002).
+
+**Fair** (``FAIR``): each item gets a round when it is enqueued, and claims serve the
+rounds in order (within one, the usual priority, run_at, id order). A key's item goes
+into the round after the last one served if the key has nothing waiting, else into the
+round after its newest waiting item's. Round N thus holds the N-th waiting item of every
+key: seed 002's "snapshot of the heads", taken ahead of time, delivered oldest head
+first; an item pushed while a snapshot is served goes into the next one. A key with
+10,000 waiting items holds rounds N to N+9,999, and a key that pushes one item
+meanwhile gets round N+1: it waits one round at most.
+
+The round comes from a plain read, with no lock and no counter row (seed 000), so
+producers never wait for each other. Two that read at once may put two items of one key
+into the same round; the id orders them.
+
+**Ordered** (``ORDERED``): a claim takes an item only while no earlier item of its key
+is waiting and none is running: one item per key in flight, in enqueue order. A retried
+item is waiting (READY, due later), so it holds its key back; a FAILED one releases it.
+``MAX_IN_FLIGHT_PER_KEY`` N is the same with N places per key: a key's first N
+unfinished items may run at once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import Count, Exists, OuterRef, Q
+
+from . import conf
+from .db.rounds import read_rounds
+from .models import any_status
+from .status import Status
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from .models import QueueItem
+
+# Queue.stats() names this many of the keys with the most waiting items.
+TOP_KEYS = 10
+
+
+def is_fair(queue: str) -> bool:
+    return bool(conf.queue_option(queue, "FAIR"))
+
+
+def in_flight_limit(queue: str) -> int | None:
+    """How many items of one key ``queue`` runs at once (None: no limit). ORDERED is 1."""
+    if conf.queue_option(queue, "ORDERED"):
+        return 1
+    limit = conf.queue_option(queue, "MAX_IN_FLIGHT_PER_KEY")
+    return None if limit is None else int(limit)
+
+
+def needs_key(queue: str) -> str | None:
+    """The setting that makes every item of ``queue`` need a key, or None."""
+    for setting in ("FAIR", "ORDERED", "MAX_IN_FLIGHT_PER_KEY"):
+        if conf.queue_option(queue, setting):
+            return setting
+    return None
+
+
+def assign_rounds(items: list[QueueItem], using: str) -> None:
+    """Give new items of one fair queue, all of one key, their rounds, in order."""
+    first = items[0]
+    served, newest = read_rounds(type(first), first.queue, first.key, using)
+    for number, item in enumerate(items, start=max(served, newest) + 1):
+        item.round = number
+
+
+def in_key_order(items: QuerySet[QueueItem], limit: int) -> QuerySet[QueueItem]:
+    """The items among ``items`` that a claim may take when each key runs at most
+    ``limit`` at once, in enqueue order: those with fewer than ``limit`` unfinished
+    items of their key before them, while fewer than ``limit`` of the key run (or with
+    no key at all, from before the queue was limited). With ``limit`` 1, an ordered
+    queue: no earlier item waiting or running. Within one claim the snapshot ranks the
+    key's items, so a batch never takes more than the key's free places either.
+
+    Per candidate, a probe of the key index counting at most ``limit`` entries; the
+    running items are few, and the planners read them once (PostgreSQL hashes them,
+    MariaDB materialises them)."""
+    same_key = items.model._default_manager.filter(key=OuterRef("key"), queue=OuterRef("queue"))
+    earlier = same_key.filter(any_status(Status.READY, Status.IN_PROGRESS), pk__lt=OuterRef("pk"))
+    running = same_key.filter(status=Status.IN_PROGRESS)
+    # "At least ``limit`` rows": the row at offset limit - 1 exists.
+    full = Exists(earlier[limit - 1 : limit]) | Exists(running[limit - 1 : limit])
+    return items.filter(Q(key__isnull=True) | ~full)
+
+
+def key_stats(waiting: QuerySet[QueueItem]) -> dict[str, Any]:
+    """Seed 002's count and deref for a queue's waiting items: how many keys have some,
+    and the ``TOP_KEYS`` with the most, as ``[[key, count], ...]``."""
+    per_key = waiting.order_by().values("key").annotate(n=Count("pk"))
+    counts = sorted(((row["n"], row["key"]) for row in per_key), key=lambda r: (-r[0], r[1] or ""))
+    return {
+        "keys_waiting": len(counts),
+        "top_keys": [[key, n] for n, key in counts[:TOP_KEYS]],
+    }
