@@ -287,7 +287,11 @@ class Queue:
     def _claim_statement(self, limit: int) -> ClaimStatement:
         statement = self._claims.get(limit)
         if statement is None:
-            statement = self._claims[limit] = ClaimStatement(self.claimable, limit)
+            statement = self._claims[limit] = ClaimStatement(
+                self.claimable,
+                limit,
+                reads_other_rows=fairness.in_flight_limit(self.name) is not None,
+            )
         return statement
 
     @property

@@ -262,6 +262,17 @@ def test_peek_shows_what_an_ordered_claim_would_take(db):
     assert queue.peek().payload == {"n": 1}  # a's second, now at the head of its key
 
 
+def test_an_acknowledgement_riding_on_the_next_claim_frees_its_key_for_it(db, strategy):
+    """The consumer's ack_and_claim: the claim sees the acknowledgement (on PostgreSQL one
+    statement would see the key still running, and claim nothing)."""
+    queue = Queue("ordered")
+    queue.enqueue_many([{"n": n} for n in range(2)], key="a")
+    [a0] = queue.claim(1, strategy=strategy)
+    acknowledged, claimed = queue.ack_and_claim(a0.claim_token, {a0.pk: None}, 5, strategy=strategy)
+    assert acknowledged == 1
+    assert keys_of(claimed) == [("a", 1)]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_consumer_with_four_threads_runs_each_key_in_order(run_consumer, strategy):
     """The consumer's own path: claim-ahead, acknowledgements riding on the next claim."""

@@ -81,9 +81,14 @@ class ClaimStatement:
     SQL text is not.
     """
 
-    def __init__(self, queryset: QuerySet[Any], limit: int) -> None:
+    def __init__(
+        self, queryset: QuerySet[Any], limit: int, *, reads_other_rows: bool = False
+    ) -> None:
+        """``reads_other_rows``: whether a row is claimable depends on other rows of the
+        table (an ordered queue's earlier and running items of the same key)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be a positive integer, got {limit!r}")
+        self.reads_other_rows = reads_other_rows
         self.queryset = queryset.ready().order_by(*claim_order(queryset))  # type: ignore[attr-defined]
         self.limit = limit
         self.model: type[Model] = queryset.model

@@ -61,8 +61,17 @@ class PostgreSQL(Dialect):
         trip per batch instead of two. Both run whatever the other finds (a data-modifying
         CTE always runs to completion); they touch different rows (held IN_PROGRESS by
         the acknowledging claim; READY), so neither waits for the other. The single row
-        joined to the claimed ones carries the acknowledged count when none is claimed."""
+        joined to the claimed ones carries the acknowledged count when none is claimed.
+
+        A claim that reads other rows (an ordered queue's running items) runs after the
+        acknowledgement instead: in one statement it would see them as they were before
+        it (one snapshot) and hold their keys back."""
         ack_sql, ack_params = ack
+        if claim.reads_other_rows:
+            with claim.connection.cursor() as cursor:
+                cursor.execute(ack_sql, ack_params)
+                acknowledged = int(cursor.rowcount)
+            return acknowledged, self.claim_skip_locked(claim, values)
         claim_sql, claim_params = self._claim_statement(claim, values, "FOR UPDATE SKIP LOCKED")
         sql = (
             f"WITH acked AS ({ack_sql} RETURNING 1), claimed AS ({claim_sql}) "

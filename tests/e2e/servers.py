@@ -10,20 +10,28 @@ database gets one of these, made in a temporary directory and removed afterwards
 
 Each listens on 127.0.0.1 on a free port with trust/empty-password auth for its superuser
 (``postgres`` / ``root``). ``restart(down)`` stops it, waits ``down`` seconds, and starts it
-again on the same port and data directory. ``destroy()`` stops it by its own pid and
-deletes its directory; it is safe to call more than once.
+again on the same port and data directory; ``restart_command()`` is a shell command that
+does the same from another process (``txqueue_chaos --restart-command``). ``destroy()``
+stops it by its own pid and deletes its directory; it is safe to call more than once.
+
+    python tests/e2e/servers.py restart DIRECTORY
+
+restarts the MariaDB server made in DIRECTORY (what its ``restart_command()`` runs).
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -80,6 +88,11 @@ class Server:
         self.stop()
         time.sleep(down)
         self.start()
+
+    def restart_command(self) -> str:
+        """A shell command that restarts the server from another process, returning once
+        it accepts connections again."""
+        raise NotImplementedError
 
     def create_database(self, name: str) -> None:
         raise NotImplementedError
@@ -216,6 +229,15 @@ class PostgresServer(Server):
         """``fast``: clients are disconnected at once, as in a routine server restart."""
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "30", "stop")
 
+    def restart_command(self) -> str:
+        # pg_ctl restart keeps the options it was started with; -l keeps the postmaster's
+        # output off the caller's pipes.
+        command = [str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log)]
+        command += ["-m", "fast", "-w", "-t", "30", "restart"]
+        if is_root():
+            command = ["runuser", "-u", self.OS_USER, "--", *command]
+        return shlex.join(command)
+
     def pid(self) -> int | None:
         try:
             return int((self.data / "postmaster.pid").read_text().split()[0])
@@ -306,14 +328,14 @@ class MariaDBServer(Server):
         if done.returncode != 0:
             raise RuntimeError(f"mariadb-install-db failed: {done.stdout}{done.stderr}")
 
-    def start(self) -> None:
+    def start_command(self) -> list[str]:
         command = [
             self.server,
             "--no-defaults",
             f"--datadir={self.data}",
             f"--port={self.port}",
             f"--socket={self.root / 'sock'}",
-            f"--pid-file={self.root / 'pid'}",
+            f"--pid-file={self.pid_file}",
             "--bind-address=127.0.0.1",
             f"--log-error={self.log}",
             "--skip-log-bin",
@@ -322,38 +344,39 @@ class MariaDBServer(Server):
         ]
         if is_root():
             command.append("--user=root")
-        with open(self.root / "stdout.log", "ab") as output:
-            self.process = subprocess.Popen(  # noqa: S603
-                command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"mariadbd exited ({self.process.returncode}):\n{tail(self.log)}"
-                )
-            try:
-                self.connect().close()
-                return
-            except Exception:  # not accepting connections yet
-                time.sleep(0.1)
-        raise RuntimeError(f"mariadbd on port {self.port} did not come up:\n{tail(self.log)}")
+        return command
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "pid"
+
+    def start(self) -> None:
+        # What ``servers.py restart`` needs to start it again.
+        (self.root / "server.json").write_text(
+            json.dumps({"command": self.start_command(), "port": self.port})
+        )
+        self.process = launch(self.root, self.start_command())
+        wait_for_mariadb(self.root, self.port, self.process)
 
     def stop(self) -> None:
-        """SIGTERM: a normal shutdown, which drops every client connection."""
-        if self.process is None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self.process = None
+        """SIGTERM: a normal shutdown, which drops every client connection. By the pid
+        file, since a restart command may have started the running server."""
+        stop_mariadb(self.root)
+        if self.process is not None:
+            self.process.wait(timeout=10)  # reaped, if it was ours
+            self.process = None
+
+    def restart_command(self) -> str:
+        return shlex.join([sys.executable, __file__, "restart", str(self.root)])
 
     def destroy(self) -> None:
+        pid = read_pid(self.pid_file)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if self.process is not None:
-            self.process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
             self.process.wait(timeout=10)
             self.process = None
         shutil.rmtree(self.root, ignore_errors=True)
@@ -376,7 +399,72 @@ class MariaDBServer(Server):
         self.query("", f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
 
 
+def read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def launch(root: Path, command: list[str]) -> subprocess.Popen[bytes]:
+    """mariadbd in a session of its own, its output appended to ``root/stdout.log``."""
+    with open(root / "stdout.log", "ab") as output:
+        return subprocess.Popen(  # noqa: S603
+            command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def wait_for_mariadb(root: Path, port: int, process: subprocess.Popen[bytes]) -> None:
+    import MySQLdb
+
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"mariadbd exited ({process.returncode}):\n{tail(root / 'server.log')}"
+            )
+        try:
+            MySQLdb.connect(host="127.0.0.1", port=port, user="root", connect_timeout=5).close()
+            return
+        except MySQLdb.OperationalError:  # not accepting connections yet
+            time.sleep(0.1)
+    raise RuntimeError(f"mariadbd on port {port} did not come up:\n{tail(root / 'server.log')}")
+
+
+def stop_mariadb(root: Path) -> None:
+    """SIGTERM the server of ``root`` by its pid file; wait until the file is gone (mariadbd
+    removes it last, once shut down: the pid itself may linger as a zombie of whoever
+    started it), SIGKILL after 30 s."""
+    pid_file = root / "pid"
+    pid = read_pid(pid_file)
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if pid_file.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        pid_file.unlink(missing_ok=True)
+
+
+def restart_mariadb(root: Path) -> None:
+    """Stop the server of ``root`` and start it again, detached, as it was started."""
+    started = json.loads((root / "server.json").read_text())
+    stop_mariadb(root)
+    wait_for_mariadb(root, started["port"], launch(root, started["command"]))
+
+
 SERVERS: dict[str, type[Server]] = {
     PostgresServer.vendor: PostgresServer,
     MariaDBServer.vendor: MariaDBServer,
 }
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["restart"] or len(sys.argv) != 3:
+        sys.exit("usage: python tests/e2e/servers.py restart DIRECTORY")
+    restart_mariadb(Path(sys.argv[2]))
