@@ -7,7 +7,7 @@ gone if it rolls back. Rows change only through ``store``; vendor SQL lives in `
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -269,10 +269,14 @@ class Queue:
         pid: str | None = None,
         strategy: str = "auto",
         lease: float | timedelta | None = None,
+        after: tuple[Any, ...] | None = None,
     ) -> tuple[int, list[QueueItem]]:
         """Acknowledge items of one claim (``{pk: result}``, of any queue), then claim as
         ``claim`` does; together where the database allows (``store.ack_and_claim``).
-        Returns how many were acknowledged and the claimed items. The consumer's loop."""
+        Returns how many were acknowledged and the claimed items. The consumer's loop.
+
+        ``after``: claim only items that sort after these claim-order values (see
+        ``resume_key``)."""
         if lease is None:
             lease = conf.lease(self.name)
         return store.ack_and_claim(
@@ -282,7 +286,18 @@ class Queue:
             pid=pid,
             strategy=strategy,
             lease=lease,
+            after=after,
         )
+
+    @property
+    def resume_key(self) -> Callable[[QueueItem], tuple[Any, ...]] | None:
+        """An item's claim-order values, for a claim to start after it (``resume``), or
+        None where this queue's claims cannot: on a database that does not need it, and
+        in an ordered queue, whose held-back items become claimable behind that point."""
+        statement = self._claim_statement(1)
+        if not (statement.dialect.resumes_claims and statement.resumable):
+            return None
+        return None if statement.reads_other_rows else statement.resume_key
 
     def _claim_statement(self, limit: int) -> ClaimStatement:
         statement = self._claims.get(limit)

@@ -134,13 +134,15 @@ def claim(
     pid: str | None = None,
     strategy: str = "auto",
     lease: float | timedelta | None = None,
+    after: tuple[Any, ...] | None = None,
 ) -> list[Any]:
     """Move up to ``statement.limit`` ready items to IN_PROGRESS under a new claim.
 
     ``lease`` None gives each item its queue's ``LEASE``. The strategy is resolved
     here, once per claim, from the caller's choice, the setting and the database.
+    ``after``: only items that sort after it (``ClaimValues.after``).
     """
-    values = claim_values(pid, lease)
+    values = claim_values(pid, lease, after)
     connection, dialect = statement.connection, statement.dialect
     resolved = dialect.resolve_strategy(strategy, connection)
     items = _retrying_lock_conflicts(
@@ -149,12 +151,14 @@ def claim(
     return sort_items(items, statement.order)
 
 
-def claim_values(pid: str | None, lease: float | timedelta | None) -> ClaimValues:
-    """A new claim's pid (the caller's, checked, or this process's), fencing token and
-    lease (None: each item's queue's)."""
+def claim_values(
+    pid: str | None, lease: float | timedelta | None, after: tuple[Any, ...] | None = None
+) -> ClaimValues:
+    """A new claim's pid (the caller's, checked, or this process's), fencing token,
+    lease (None: each item's queue's) and where it starts."""
     validate_pid(pid)
     duration = None if lease is None else to_timedelta(lease, "lease")
-    return ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration)
+    return ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration, after)
 
 
 def _retrying_lock_conflicts(run: Callable[[], T], connection: BaseDatabaseWrapper) -> T:
@@ -242,6 +246,7 @@ def ack_and_claim(
     pid: str | None = None,
     strategy: str = "auto",
     lease: float | timedelta | None = None,
+    after: tuple[Any, ...] | None = None,
 ) -> tuple[int, list[Any]]:
     """``ack_many`` of one claim's items, then ``claim``: together where the database
     can (skip_locked: one statement on PostgreSQL, one transaction on MySQL and
@@ -251,8 +256,8 @@ def ack_and_claim(
     resolved = dialect.resolve_strategy(strategy, connection)
     if not (results and resolved == "skip_locked" and dialect.acks_while_claiming):
         acked = ack_many(statement.model, statement.alias, claim_token, results)
-        return acked, claim(statement, pid=pid, strategy=resolved, lease=lease)
-    values = claim_values(pid, lease)
+        return acked, claim(statement, pid=pid, strategy=resolved, lease=lease, after=after)
+    values = claim_values(pid, lease, after)
     ack = ack_statement(statement.model, statement.alias, claim_token, results)
     acked, items = _retrying_lock_conflicts(
         lambda: dialect.ack_and_claim(statement, values, ack), statement.connection

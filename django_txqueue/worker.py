@@ -32,6 +32,7 @@ from .db import dialect_for
 from .exceptions import NotJSONSerializable
 from .liveness import Liveness
 from .models import Consumer, QueueItem
+from .resume import Resume
 from .retry import jittered, next_pause
 from .settle import Outcome, Settler
 from .startup import one_line
@@ -96,6 +97,8 @@ class Worker:
         self.identity = store.new_identity()
         self.stopping = threading.Event()
         self.queues = {name: Queue(name, using=using) for name in self.handlers}
+        # Where each queue's next claim starts (``resume``), made at its first claim.
+        self.resumes: dict[str, Resume] = {}
         # Not woken for on_commit calls: their committing process runs them.
         self.waiter = Waiter(using, [name for name in self.queues if name != outbox.QUEUE])
         self.settler = Settler(using)
@@ -211,12 +214,13 @@ class Worker:
         if name == outbox.QUEUE:
             self._next_outbox = time.monotonic() + conf.get("POLL_INTERVAL")
         queue, held = self.queues[name], self.settler.held_ack()
-        if held is None:
-            return queue.claim(limit, pid=self.identity, strategy=self.strategy, lease=self.lease)
-        acknowledged, items = queue.ack_and_claim(
-            *held, limit, pid=self.identity, strategy=self.strategy, lease=self.lease
+        if name not in self.resumes:
+            self.resumes[name] = Resume(queue)
+        acknowledged, items = self.resumes[name].ack_and_claim(
+            *(held or (0, {})), limit, pid=self.identity, strategy=self.strategy, lease=self.lease
         )
-        self.in_flight.remove(self.settler.acknowledged(acknowledged))
+        if held is not None:
+            self.in_flight.remove(self.settler.acknowledged(acknowledged))
         return items
 
     def _dispatch(self, items: list[QueueItem]) -> None:

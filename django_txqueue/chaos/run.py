@@ -69,7 +69,14 @@ class Consumers:
             "DATABASE": options.alias,
             "QUEUES": {options.queue: {"LEASE": options.lease, "DATABASE": options.alias}},
         }
-        self.env = {**os.environ, "TXQUEUE_CHAOS_SETTINGS": json.dumps(settings)}
+        # The project's directory (manage.py's, first on sys.path) goes on the consumers'
+        # path too, so that they import its settings wherever the command was started.
+        path = [os.path.abspath(sys.path[0] or os.curdir), os.environ.get("PYTHONPATH", "")]
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, path)),
+            "TXQUEUE_CHAOS_SETTINGS": json.dumps(settings),
+        }
         self.queue = options.queue
         self.verbose = options.verbose
         self.running: list[subprocess.Popen[bytes]] = []

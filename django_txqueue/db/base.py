@@ -47,6 +47,9 @@ class Dialect:
     inserts_arrays: ClassVar[bool] = False
     # A batch's acknowledgement rides with the next skip_locked claim (``ack_and_claim``).
     acks_while_claiming: ClassVar[bool] = False
+    # A consumer's claims start after its last claimed item (``ClaimValues.after``), so
+    # that they do not read the index entries of the rows claimed before (``resume``).
+    resumes_claims: ClassVar[bool] = False
 
     def supports_skip_locked(self, connection: BaseDatabaseWrapper) -> bool:
         """``SELECT ... FOR UPDATE SKIP LOCKED``: PostgreSQL, MySQL 8+, MariaDB 10.6+."""

@@ -14,7 +14,7 @@ from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.db import NotSupportedError, connections
-from django.db.models import Model
+from django.db.models import BooleanField, F, Func, Model
 from django.db.models.base import ModelState
 from django.db.models.functions import Now
 from django.db.models.signals import post_init, pre_init
@@ -65,12 +65,34 @@ def sort_items(items: list[Any], order: tuple[Any, ...]) -> list[Any]:
 class ClaimValues:
     """What differs between two claims of the same shape.
 
-    ``lease`` None means each item's queue's own ``LEASE``.
+    ``lease`` None means each item's queue's own ``LEASE``. ``after``: claim only items
+    that sort after these claim-order values (``ClaimStatement.resume_key``).
     """
 
     pid: str
     token: int
     lease: timedelta | None
+    after: tuple[Any, ...] | None = None
+
+
+# Stands for each value of ``ClaimValues.after`` in the cached candidate SQL's parameters.
+AFTER = object()
+
+
+class SortsAfter(Func):
+    """``(a, b, c) > (%s, %s, %s)``: rows after a point in an ascending (a, b, c) order,
+    which a btree index on those columns reads as a range starting there."""
+
+    template = "(%(expressions)s) > (%(values)s)"
+    conditional = True
+    output_field = BooleanField()
+
+    def as_sql(self, compiler: Any, connection: Any, *args: Any, **extra: Any) -> Any:
+        count = len(self.source_expressions)
+        sql, params = super().as_sql(
+            compiler, connection, *args, values=", ".join(["%s"] * count), **extra
+        )
+        return sql, (*params, *[AFTER] * count)
 
 
 class ClaimStatement:
@@ -94,7 +116,7 @@ class ClaimStatement:
         self.model: type[Model] = queryset.model
         self.alias: str = queryset.db
         self.order = tuple(self.queryset.query.order_by)
-        self._candidates: dict[tuple[str, bool], tuple[str, list[Any]]] = {}
+        self._candidates: dict[tuple[str, bool, bool], tuple[str, list[Any]]] = {}
         self._converters: dict[int, list[tuple[int, list[Any], bool]]] = {}
         self._assignments: str | None = None
         self._where_and_order: tuple[str, str, list[Any]] | None = None
@@ -137,17 +159,37 @@ class ClaimStatement:
     def _qualified_columns(self) -> str:
         return ", ".join(f"{self.table}.{self.quote(str(f.column))}" for f in self.fields)
 
-    def candidates(self, lock: str = "", *, whole_rows: bool = False) -> tuple[str, list[Any]]:
+    def candidates(
+        self, lock: str = "", *, whole_rows: bool = False, after: tuple[Any, ...] | None = None
+    ) -> tuple[str, list[Any]]:
         """``SELECT pk`` (or every column, in ``fields`` order) of the first ``limit``
-        ready rows in claim order, plus ``lock``."""
-        key = (lock, whole_rows)
+        ready rows in claim order, plus ``lock``; with ``after``, of those that sort after
+        it (``resume_key``)."""
+        key = (lock, whole_rows, after is not None)
         if key not in self._candidates:
-            rows = self.queryset if whole_rows else self.queryset.values_list("pk", flat=True)
+            rows = self.queryset
+            if after is not None:
+                rows = rows.filter(SortsAfter(*(F(name) for name in self.order)))
+            if not whole_rows:
+                rows = rows.values_list("pk", flat=True)
             query = rows[: self.limit].query
             sql, params = query.get_compiler(connection=self.connection).as_sql()
             self._candidates[key] = (f"{sql} {lock}".rstrip(), list(params))
         sql, params = self._candidates[key]
-        return sql, list(params)
+        if after is None:
+            return sql, list(params)
+        values = iter(after)
+        return sql, [next(values) if param is AFTER else param for param in params]
+
+    @cached_property
+    def resumable(self) -> bool:
+        """Whether a claim can start after the last item claimed (``resume_key``): its
+        order is ascending on fields only."""
+        return all(isinstance(name, str) and not name.startswith("-") for name in self.order)
+
+    def resume_key(self, item: Any) -> tuple[Any, ...]:
+        """``item``'s values of the claim order: where a claim after it starts."""
+        return tuple(getattr(item, name) for name in self.order)
 
     def where_and_order(self) -> tuple[str, str, list[Any]]:
         """The ready filter and the ORDER BY on their own, for a single-table UPDATE."""

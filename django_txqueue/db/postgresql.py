@@ -32,6 +32,7 @@ class PostgreSQL(Dialect):
     has_notify = True
     inserts_arrays = True
     acks_while_claiming = True
+    resumes_claims = True
 
     def claim_skip_locked(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         """Lock the first ready rows nobody else holds and claim them, in one round trip."""
@@ -95,7 +96,7 @@ class PostgreSQL(Dialect):
         claim: ClaimStatement, values: ClaimValues, lock: str
     ) -> tuple[str, list[Any]]:
         """Lock the candidates with ``lock`` and claim those still READY, returning them."""
-        candidates, candidate_params = claim.candidates(lock)
+        candidates, candidate_params = claim.candidates(lock, after=values.after)
         assignments, assignment_params = claim.assignments(values)
         sql = (
             f"WITH picked ({claim.pk}) AS MATERIALIZED ({candidates}) "

@@ -10,6 +10,10 @@ queue (enqueue 100, claim them 10 at a time, acknowledge each batch) and prints 
 rate per 30 s: first for MINUTES/5 minutes as a baseline, then for MINUTES (default 10)
 while another connection holds a REPEATABLE READ snapshot open. The last window is
 compared with the baseline. Uses its own database (``txqueue_bench_xmin``).
+
+Claims go the consumer's way (``resume.Resume``: each starts after the last item
+claimed, with a claim from the head at least every second); ``--from-head`` makes every
+claim read the READY index from its head, as ``Queue.claim`` does.
 """
 
 from __future__ import annotations
@@ -23,12 +27,20 @@ from . import prepare_database
 WINDOW = 30.0
 
 
-def churn(seconds: float) -> list[float]:
+def churn(seconds: float, from_head: bool) -> list[float]:
     """Claim rates (claims per second of claiming) per WINDOW over ``seconds``."""
     from django_txqueue import Queue, store
     from django_txqueue.models import QueueItem
+    from django_txqueue.resume import Resume
 
     queue = Queue("bench-xmin")
+    resume = Resume(queue)
+
+    def claim() -> list[QueueItem]:
+        if from_head:
+            return queue.claim(10)
+        return resume.ack_and_claim(0, {}, 10, pid="bench-xmin")[1]
+
     rates, claimed, claiming = [], 0, 0.0
     window_end = time.monotonic() + WINDOW
     deadline = time.monotonic() + seconds
@@ -36,7 +48,7 @@ def churn(seconds: float) -> list[float]:
         queue.enqueue_many([{"n": n} for n in range(100)])
         for _ in range(10):
             started = time.perf_counter()
-            items = queue.claim(10)
+            items = claim()
             claiming += time.perf_counter() - started
             claimed += len(items)
             if items:
@@ -64,7 +76,9 @@ def hold_snapshot(stop: threading.Event) -> None:
 
 
 def main() -> None:
-    minutes = float(sys.argv[1]) if len(sys.argv) > 1 else 10.0
+    from_head = "--from-head" in sys.argv
+    numbers = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
+    minutes = float(numbers[0]) if numbers else 10.0
     prepare_database("postgresql", "txqueue_bench_xmin")
     from django.db import connection
 
@@ -74,13 +88,13 @@ def main() -> None:
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE django_txqueue_queueitem")
     print(f"baseline, {minutes / 5:.0f} min, nothing holding the horizon:")
-    baseline = churn(minutes * 60 / 5)
+    baseline = churn(minutes * 60 / 5, from_head)
     stop = threading.Event()
     holder = threading.Thread(target=hold_snapshot, args=(stop,))
     holder.start()
     try:
         print(f"{minutes:.0f} min with a REPEATABLE READ transaction open:")
-        held = churn(minutes * 60)
+        held = churn(minutes * 60, from_head)
     finally:
         stop.set()
         holder.join()

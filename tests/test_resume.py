@@ -1,0 +1,93 @@
+"""A consumer's claims resume after its last claimed item (``resume``), on PostgreSQL,
+where an old snapshot keeps the claimed rows' READY index entries; they read from the
+head when a resumed claim finds nothing, after a short claim, and at least every
+FULL_CLAIM_EVERY seconds."""
+
+import time
+
+import pytest
+from django.db import connection
+
+from django_txqueue import Queue
+from django_txqueue.db import dialect_for
+from django_txqueue.resume import FULL_CLAIM_EVERY, FULL_CLAIM_SHARE, Resume
+
+resumes = pytest.mark.skipif(
+    not dialect_for("default").resumes_claims, reason="only PostgreSQL resumes claims"
+)
+
+
+def claim(resume, limit):
+    return [item.payload["n"] for item in resume.ack_and_claim(0, {}, limit, pid="p")[1]]
+
+
+@resumes
+def test_a_claim_resumes_after_the_last_item_and_a_full_claim_comes_in_time(db):
+    queue = Queue("resumed")
+    queue.enqueue_many([{"n": n} for n in range(6)])
+    resume = Resume(queue)
+    assert claim(resume, 2) == [0, 1]
+    queue.enqueue({"n": "urgent"}, priority=-1)  # sorts before the resume point
+    assert claim(resume, 2) == [2, 3]
+    resume.full_claim_due = time.monotonic()  # FULL_CLAIM_EVERY has passed
+    assert claim(resume, 2) == ["urgent", 4]
+
+
+@resumes
+def test_a_resumed_claim_that_finds_nothing_reads_from_the_head(db):
+    queue = Queue("resumed")
+    queue.enqueue_many([{"n": n} for n in range(2)])
+    resume = Resume(queue)
+    first, second = resume.ack_and_claim(0, {}, 2, pid="p")[1]
+    assert resume.after() == (0, 0, second.run_at, second.pk)  # round, priority, run_at, id
+    assert first.release()  # READY again, behind the resume point
+    assert claim(resume, 2) == [0]
+
+
+@resumes
+def test_after_a_short_claim_the_next_reads_from_the_head(db):
+    queue = Queue("resumed")
+    queue.enqueue_many([{"n": n} for n in range(3)])
+    resume = Resume(queue)
+    assert claim(resume, 2) == [0, 1]
+    assert claim(resume, 2) == [2]  # the tail of the queue
+    assert resume.after() is None
+
+
+@resumes
+def test_a_resumed_claim_is_a_range_scan_starting_at_the_point(db):
+    queue = Queue("resumed")
+    queue.enqueue_many([{"n": n} for n in range(3000)])
+    resume = Resume(queue)
+    claim(resume, 10)
+    ran = []
+
+    def record(execute, sql, params, many, context):
+        ran.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        assert claim(resume, 10) == list(range(10, 20))
+    [(sql, params)] = ran
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {queue.items.model._meta.db_table}")
+        cursor.execute(f"EXPLAIN {sql}", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "txqueue_item_ready" in plan and "Sort" not in plan, plan
+    index_conditions = [line for line in plan.splitlines() if "Index Cond" in line]
+    assert any("ROW(round, priority, run_at, id) > ROW(" in line for line in index_conditions)
+
+
+def test_ordered_queues_and_other_databases_never_resume(db):
+    assert Queue("ordered").resume_key is None
+    if not dialect_for("default").resumes_claims:
+        assert Queue("plain").resume_key is None
+
+
+def test_full_claims_come_every_second_or_less_often_when_slow(db):
+    resume = Resume(Queue("plain"))
+    resume.claimed([], 10, full=True, seconds=0.001)
+    assert resume.full_claim_due == pytest.approx(time.monotonic() + FULL_CLAIM_EVERY, abs=0.1)
+    resume.claimed([], 10, full=True, seconds=0.2)  # an old snapshot made it slow
+    expected = time.monotonic() + 0.2 / FULL_CLAIM_SHARE
+    assert resume.full_claim_due == pytest.approx(expected, abs=0.1)
