@@ -314,16 +314,10 @@ def test_the_ready_index_is_the_models_own():
     assert ClaimStatement(Thing.objects.all(), 1).ready_index == "testapp_thing_rdy"
 
 
-@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB lock-wait timeouts")
-@pytest.mark.django_db(transaction=True)
-def test_a_lock_wait_timeout_during_a_claim_is_retried_not_raised():
-    """Another transaction holds the head row past innodb_lock_wait_timeout (1 s here):
-    the update_limit claim times out once (error 1205), retries, and then gets the row."""
-    import threading
-    import time
-
-    queue = Queue("locked")
-    item = queue.enqueue({})
+@contextlib.contextmanager
+def row_held_past_the_lock_wait_timeout(pk):
+    """Another connection holds row ``pk`` (FOR UPDATE) for 1.6 s while this one waits at
+    most 1 s for a lock (innodb_lock_wait_timeout): a first attempt times out (1205)."""
     holding = threading.Event()
 
     def hold_row():
@@ -331,7 +325,7 @@ def test_a_lock_wait_timeout_during_a_claim_is_retried_not_raised():
         with other.cursor() as cursor:
             cursor.execute("START TRANSACTION")
             cursor.execute(
-                f"SELECT id FROM {QueueItem._meta.db_table} WHERE id = %s FOR UPDATE", [item.pk]
+                f"SELECT id FROM {QueueItem._meta.db_table} WHERE id = %s FOR UPDATE", [pk]
             )
             holding.set()
             time.sleep(1.6)
@@ -344,14 +338,25 @@ def test_a_lock_wait_timeout_during_a_claim_is_retried_not_raised():
         assert holding.wait(5)
         with connection.cursor() as cursor:
             cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
-        started = time.monotonic()
-        claimed = queue.claim(1, strategy="update_limit")
-        assert [i.pk for i in claimed] == [item.pk]
-        assert time.monotonic() - started >= 1.0  # it did wait, time out and retry
+        yield
     finally:
         holder.join(10)
         with connection.cursor() as cursor:
             cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB lock-wait timeouts")
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_wait_timeout_during_a_claim_is_retried_not_raised():
+    """Another transaction holds the head row past innodb_lock_wait_timeout: the
+    update_limit claim times out once (error 1205), retries, and then gets the row."""
+    queue = Queue("locked")
+    item = queue.enqueue({})
+    with row_held_past_the_lock_wait_timeout(item.pk):
+        started = time.monotonic()
+        claimed = queue.claim(1, strategy="update_limit")
+        assert [i.pk for i in claimed] == [item.pk]
+        assert time.monotonic() - started >= 1.0  # it did wait, time out and retry
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB lock-wait timeouts")
@@ -360,37 +365,12 @@ def test_a_lock_wait_timeout_during_an_acknowledgement_is_retried_not_raised():
     """As for claims: a deadlock or lock-wait timeout fails only the fenced UPDATE, which
     is run again (InnoDB picks acknowledgements as deadlock victims against
     update_limit claims of ordered queues, whose subqueries lock what they read)."""
-    import threading
-
     [item] = Queue("locked-ack").enqueue_many([{}]) and Queue("locked-ack").claim(1)
-    holding = threading.Event()
-
-    def hold_row():
-        other = connections.create_connection("default")
-        with other.cursor() as cursor:
-            cursor.execute("START TRANSACTION")
-            cursor.execute(
-                f"SELECT id FROM {QueueItem._meta.db_table} WHERE id = %s FOR UPDATE", [item.pk]
-            )
-            holding.set()
-            time.sleep(1.6)
-            cursor.execute("COMMIT")
-        other.close()
-
-    holder = threading.Thread(target=hold_row)
-    holder.start()
-    try:
-        assert holding.wait(5)
-        with connection.cursor() as cursor:
-            cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+    with row_held_past_the_lock_wait_timeout(item.pk):
         started = time.monotonic()
         assert item.ack()
         assert time.monotonic() - started >= 1.0  # it did wait, time out and retry
-        assert QueueItem.objects.get(pk=item.pk).status == Status.DONE
-    finally:
-        holder.join(10)
-        with connection.cursor() as cursor:
-            cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+    assert QueueItem.objects.get(pk=item.pk).status == Status.DONE
 
 
 @pytest.mark.django_db(transaction=True)

@@ -30,6 +30,16 @@ def default_alias(database: str | None) -> str:
     return database
 
 
+def own_queue(name: str, database: str | None) -> tuple[str, str]:
+    """The alias and checked queue name of a command that works on a queue of its own
+    (``txqueue_bench``, ``txqueue_chaos``)."""
+    alias = default_alias(database)
+    try:
+        return alias, Queue(name, using=alias).name
+    except (TypeError, ValueError) as exc:
+        raise CommandError(str(exc)) from exc
+
+
 def queue_names(alias: str) -> list[str]:
     """Every queue that has items on ``alias``, sorted."""
     names = QueueItem.objects.using(alias).order_by().values_list("queue", flat=True)

@@ -13,10 +13,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...api import Queue
 from ...bench import Target, drain, enqueue, fair, scale, wakeup
 from ...bench.report import Progress, table
-from .. import default_alias
+from .. import own_queue
 
 PARTS = ("enqueue", "drain", "wakeup", "scale", "fair")
 # "fair" (fair and bounded queues against plain ones) runs when asked for.
@@ -98,11 +97,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = default_alias(options["database"])
-        try:
-            queue = Queue(options["queue"], using=alias).name
-        except (TypeError, ValueError) as exc:
-            raise CommandError(str(exc)) from exc
+        alias, queue = own_queue(options["queue"], options["database"])
         parts = [part.strip() for part in options["only"].split(",") if part.strip()]
         unknown = sorted(set(parts) - set(PARTS))
         if unknown or not parts:

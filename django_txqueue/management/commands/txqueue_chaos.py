@@ -7,11 +7,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...api import Queue
 from ...bench import Target
 from ...bench.report import Progress
 from ...chaos.run import Options, RestartFailed, run
-from .. import default_alias
+from .. import own_queue
 from .txqueue_bench import database_name
 
 SAFE_WORDS = ("test", "staging")
@@ -47,11 +46,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = default_alias(options["database"])
-        try:
-            queue = Queue(options["queue"], using=alias).name
-        except (TypeError, ValueError) as exc:
-            raise CommandError(str(exc)) from exc
+        alias, queue = own_queue(options["queue"], options["database"])
         for name in ("items", "consumers", "rounds"):
             if options[name] < 1:
                 raise CommandError(f"--{name} must be at least 1")
