@@ -465,3 +465,25 @@ class TestHeldRows:
         assert [i.pk for i in claimed] == [items[gets].pk]
         stored = QueueItem.objects.get(pk=items[gets].pk)
         assert (stored.status, stored.pid, stored.attempts) == (Status.IN_PROGRESS, "waiter", 1)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's claim joins back")
+def test_the_claim_finds_its_rows_by_primary_key_with_statistics_of_an_empty_table(db):
+    """Statistics taken while the table was empty (autovacuum off, or not run yet) made
+    the planner look each claimed id up in the READY partial index: a scan of all of it
+    per row, which an old snapshot's dead entries made a crawl."""
+    from django_txqueue.db.compiler import ClaimValues
+
+    table = QueueItem._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {table}")  # nothing in it
+    queue = Queue("stale-statistics")
+    queue.enqueue_many([{}] * 3000)
+    statement = queue._claim_statement(10)
+    values = ClaimValues("p", 1, None)
+    sql, params = statement.dialect._claim_statement(statement, values, "FOR UPDATE SKIP LOCKED")
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {sql}", params)
+        plan = [row[0] for row in cursor.fetchall()]
+    [lookup] = [n for n, line in enumerate(plan) if "Index Cond: (id = picked.id)" in line]
+    assert f"{table}_pkey" in plan[lookup - 1], "\n".join(plan)

@@ -95,14 +95,19 @@ class PostgreSQL(Dialect):
     def _claim_statement(
         claim: ClaimStatement, values: ClaimValues, lock: str
     ) -> tuple[str, list[Any]]:
-        """Lock the candidates with ``lock`` and claim those still READY, returning them."""
+        """Lock the candidates with ``lock`` and claim those still READY, returning them.
+
+        The rows are found again by primary key. Their READY check reads ``status + 0``,
+        which the READY partial index's predicate cannot match: with statistics taken
+        while the table was empty (autovacuum off, or not yet run), the planner looked
+        each id up in that index, a scan of all of it per row."""
         candidates, candidate_params = claim.candidates(lock, after=values.after)
         assignments, assignment_params = claim.assignments(values)
         sql = (
             f"WITH picked ({claim.pk}) AS MATERIALIZED ({candidates}) "
             f"UPDATE {claim.table} SET {assignments} FROM picked "
             f"WHERE {claim.table}.{claim.pk} = picked.{claim.pk} "
-            f"AND {claim.table}.{claim.column('status')} = %s "
+            f"AND {claim.table}.{claim.column('status')} + 0 = %s "
             f"RETURNING {claim.columns()}"
         )
         return sql, candidate_params + assignment_params + [int(Status.READY)]
