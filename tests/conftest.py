@@ -54,13 +54,14 @@ def run_consumer():
 
 @pytest.fixture
 def spawn_claimers():
-    """Start N real OS processes that claim from one queue until it is empty.
+    """Start N real OS processes that claim from one queue until it is empty (or each
+    has claimed ``max_items``).
 
     Each returns the ids it claimed (and acknowledged). They start together at a
     wall-clock instant so that their claims overlap.
     """
 
-    def spawn(queue_name, processes, *, strategy, batch, hold_ms=0):
+    def spawn(queue_name, processes, *, strategy, batch, hold_ms=0, max_items=0):
         start_at = time.time() + 1.5
         children = [
             subprocess.Popen(
@@ -73,6 +74,7 @@ def spawn_claimers():
                     str(batch),
                     str(start_at),
                     str(hold_ms),
+                    str(max_items),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

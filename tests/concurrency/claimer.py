@@ -1,9 +1,10 @@
 """A child process: claim batches from one queue until it is empty, ack them, print ids.
 
-Usage: python -m tests.concurrency.claimer QUEUE STRATEGY BATCH START_AT [HOLD_MS]
+Usage: python -m tests.concurrency.claimer QUEUE STRATEGY BATCH START_AT [HOLD_MS [MAX_ITEMS]]
 
 With HOLD_MS, each item is held that long between its start and end, which its result
-records (wall clock), so that a test can check how processing intervals overlap.
+records (wall clock), so that a test can check how processing intervals overlap. With
+MAX_ITEMS (0: no limit), it stops once it has claimed that many.
 """
 
 import json
@@ -13,7 +14,9 @@ import time
 import django
 
 
-def main(queue_name: str, strategy: str, batch: int, start_at: float, hold: float) -> None:
+def main(
+    queue_name: str, strategy: str, batch: int, start_at: float, hold: float, max_items: int
+) -> None:
     django.setup()
     from django_txqueue import Queue
 
@@ -22,7 +25,7 @@ def main(queue_name: str, strategy: str, batch: int, start_at: float, hold: floa
     claimed, empty_claims = [], 0
     # Stop after a few empty claims in a row: under contention one claim can come
     # back empty while others still hold the last items.
-    while empty_claims < 3:
+    while empty_claims < 3 and not (max_items and len(claimed) >= max_items):
         items = queue.claim(batch, strategy=strategy)
         if not items:
             empty_claims += 1
@@ -42,4 +45,5 @@ def main(queue_name: str, strategy: str, batch: int, start_at: float, hold: floa
 
 if __name__ == "__main__":
     hold_ms = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), hold_ms / 1000)
+    max_items = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), hold_ms / 1000, max_items)
