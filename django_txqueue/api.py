@@ -295,9 +295,8 @@ class Queue:
         None where this queue's claims cannot: on a database that does not need it, and
         in an ordered queue, whose held-back items become claimable behind that point."""
         statement = self._claim_statement(1)
-        if not (statement.dialect.resumes_claims and statement.resumable):
-            return None
-        return None if statement.reads_other_rows else statement.resume_key
+        resumes = statement.dialect.resumes_claims and statement.resumable
+        return statement.resume_key if resumes and not statement.reads_other_rows else None
 
     def _claim_statement(self, limit: int) -> ClaimStatement:
         statement = self._claims.get(limit)

@@ -50,12 +50,13 @@ NO_STATEMENT = Statement("DO 0")
 
 class PartialIndex(models.Index):
     """An index over the rows matching ``where()``, where the database has partial
-    indexes (PostgreSQL, SQLite); elsewhere a plain index over ``plain_fields()``."""
+    indexes (PostgreSQL, SQLite); elsewhere a plain index over ``plain_fields()``, or
+    none when that is None."""
 
     def where(self) -> Q:
         raise NotImplementedError
 
-    def plain_fields(self) -> list[str]:
+    def plain_fields(self) -> list[str] | None:
         return list(self.fields)
 
     def create_sql(
@@ -67,10 +68,20 @@ class PartialIndex(models.Index):
     ) -> Statement:
         if schema_editor.connection.features.supports_partial_indexes:
             fields, condition = list(self.fields), self.where()
+        elif (plain := self.plain_fields()) is not None:
+            fields, condition = plain, None
         else:
-            fields, condition = self.plain_fields(), None
+            return NO_STATEMENT
         index = models.Index(fields=fields, name=self.name, condition=condition)
         return index.create_sql(model, schema_editor, using=using, **kwargs)
+
+    def remove_sql(
+        self, model: type[models.Model], schema_editor: BaseDatabaseSchemaEditor, **kwargs: Any
+    ) -> str:
+        partial = schema_editor.connection.features.supports_partial_indexes
+        if not partial and self.plain_fields() is None:
+            return str(NO_STATEMENT)
+        return super().remove_sql(model, schema_editor, **kwargs)
 
 
 class StatusIndex(PartialIndex):
@@ -119,23 +130,8 @@ class PartialOnlyIndex(PartialIndex):
     def where(self) -> Q:
         return Q(round__gt=0)
 
-    def create_sql(
-        self,
-        model: type[models.Model],
-        schema_editor: BaseDatabaseSchemaEditor,
-        using: str = "",
-        **kwargs: Any,
-    ) -> Statement:
-        if schema_editor.connection.features.supports_partial_indexes:
-            return super().create_sql(model, schema_editor, using=using, **kwargs)
-        return NO_STATEMENT
-
-    def remove_sql(
-        self, model: type[models.Model], schema_editor: BaseDatabaseSchemaEditor, **kwargs: Any
-    ) -> str:
-        if schema_editor.connection.features.supports_partial_indexes:
-            return super().remove_sql(model, schema_editor, **kwargs)
-        return str(NO_STATEMENT)
+    def plain_fields(self) -> None:
+        return None
 
 
 class ConsumerQuerySet(models.QuerySet["Consumer"]):

@@ -91,3 +91,23 @@ def test_full_claims_come_every_second_or_less_often_when_slow(db):
     resume.claimed([], 10, full=True, seconds=0.2)  # an old snapshot made it slow
     expected = time.monotonic() + 0.2 / FULL_CLAIM_SHARE
     assert resume.full_claim_due == pytest.approx(expected, abs=0.1)
+
+
+@resumes
+@pytest.mark.django_db(transaction=True)
+def test_the_consumer_resumes_its_claims_and_ends_on_one_from_the_head():
+    """A burst consumer, batch 10, 30 items: the first claim reads from the head, the
+    next three after the last item claimed (the third finds nothing), and one from the
+    head finds the queue empty."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_txqueue.worker import Worker
+
+    Queue("resumed").enqueue_many([{"n": n} for n in range(30)])
+    with CaptureQueriesContext(connection) as queries:
+        worker = Worker(handlers={"resumed": lambda item: None}, burst=True, batch=10)
+        worker.run()
+    assert worker.processed == 30
+    claims = [q["sql"] for q in queries.captured_queries if "SKIP LOCKED" in q["sql"]]
+    resumed = ['"id") > (' in sql for sql in claims if "'resumed'" in sql]
+    assert resumed == [False, True, True, True, False], claims

@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import connections
@@ -80,8 +81,8 @@ class Consumers:
         self.queue = options.queue
         self.verbose = options.verbose
         self.running: list[subprocess.Popen[bytes]] = []
-        self.killed: dict[int, Any] = {}
-        self.orphans: dict[int, Any] = {}
+        self.killed: dict[int, datetime] = {}  # os pid: when
+        self.orphans: dict[int, datetime] = {}  # item id: when its consumer was killed
         self.alias = options.alias
         self.sigterm_exits: list[int] = []
         for _ in range(options.consumers):
@@ -119,13 +120,13 @@ class Consumers:
             victim.kill()
             self.sigterm_exits.append(-9)
 
-    def terminate_one(self, rng: random.Random, alias: str) -> None:
+    def terminate_one(self, rng: random.Random) -> None:
         """SIGTERM a consumer that is up (its Consumer row says so): one still starting
         has no signal handlers yet, and Python's default ends it with -15."""
         deadline = time.monotonic() + 30
         while True:
             up = set(
-                ConsumerRow.objects.using(alias)
+                ConsumerRow.objects.using(self.alias)
                 .filter(os_pid__in=[p.pid for p in self.running], stopped_at__isnull=True)
                 .values_list("os_pid", flat=True)
             )
@@ -168,7 +169,7 @@ def run(options: Options, progress: Callable[[str], None]) -> dict[str, Any]:
                 time.sleep(0.1)
             consumers.kill(rng)
             time.sleep(rng.uniform(0.1, 0.5))
-            consumers.terminate_one(rng, options.alias)
+            consumers.terminate_one(rng)
             if options.restart_command:
                 down = timezone.now()
                 restart = subprocess.run(  # noqa: S603
