@@ -14,11 +14,12 @@ from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.db import NotSupportedError, connections
-from django.db.models import BooleanField, F, Func, Model
+from django.db.models import BooleanField, F, Field, Func, Model
 from django.db.models.base import ModelState
 from django.db.models.functions import Now
 from django.db.models.signals import post_init, pre_init
 from django.db.models.sql.subqueries import UpdateQuery
+from django.db.models.sql.where import AND
 
 from .. import conf
 from ..signals import heard
@@ -75,8 +76,12 @@ class ClaimValues:
     after: tuple[Any, ...] | None = None
 
 
-# Stands for each value of ``ClaimValues.after`` in the cached candidate SQL's parameters.
-AFTER = object()
+class AfterValue:
+    """Stands for the ``index``-th value of ``ClaimValues.after`` in the cached candidate
+    SQL's parameters; ``ClaimStatement.bind_after`` puts the values in."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 class SortsAfter(Func):
@@ -92,7 +97,20 @@ class SortsAfter(Func):
         sql, params = super().as_sql(
             compiler, connection, *args, values=", ".join(["%s"] * count), **extra
         )
-        return sql, (*params, *[AFTER] * count)
+        return sql, (*params, *map(AfterValue, range(count)))
+
+    def as_mysql(self, compiler: Any, connection: Any, *args: Any, **extra: Any) -> Any:
+        """``a > %s OR (a = %s AND (b > %s OR (b = %s AND c > %s)))``: MySQL and MariaDB
+        read a row comparison as a lookup of the index's equal prefix only (``ref``), but
+        this as a range starting at the point."""
+        columns = [compiler.compile(expression)[0] for expression in self.source_expressions]
+        *leading, last = range(len(columns))
+        sql, params = f"{columns[last]} > %s", [AfterValue(last)]
+        for index in reversed(leading):
+            column = columns[index]
+            sql = f"{column} > %s OR ({column} = %s AND ({sql}))"
+            params = [AfterValue(index), AfterValue(index), *params]
+        return f"({sql})", params
 
 
 class ClaimStatement:
@@ -119,7 +137,7 @@ class ClaimStatement:
         self._candidates: dict[tuple[str, bool, bool], tuple[str, list[Any]]] = {}
         self._converters: dict[int, list[tuple[int, list[Any], bool]]] = {}
         self._assignments: str | None = None
-        self._where_and_order: tuple[str, str, list[Any]] | None = None
+        self._where_and_order: dict[bool, tuple[str, str, list[Any]]] = {}
 
     @property
     def connection(self) -> BaseDatabaseWrapper:
@@ -167,19 +185,41 @@ class ClaimStatement:
         it (``resume_key``)."""
         key = (lock, whole_rows, after is not None)
         if key not in self._candidates:
-            rows = self.queryset
-            if after is not None:
-                rows = rows.filter(SortsAfter(*(F(name) for name in self.order)))
+            rows = self.queryset if after is None else self.sorting_after()
             if not whole_rows:
                 rows = rows.values_list("pk", flat=True)
             query = rows[: self.limit].query
             sql, params = query.get_compiler(connection=self.connection).as_sql()
             self._candidates[key] = (f"{sql} {lock}".rstrip(), list(params))
         sql, params = self._candidates[key]
+        return sql, self.bind_after(params, after)
+
+    def sorting_after(self) -> QuerySet[Any]:
+        """The ready rows that sort after a point (``SortsAfter``, values bound later). The
+        condition joins the WHERE as it is: ``filter()`` would compare it to true on
+        MySQL, which then reads no range of the index."""
+        rows: QuerySet[Any] = self.queryset.all()
+        condition = SortsAfter(*(F(name) for name in self.order))
+        rows.query.where.add(condition.resolve_expression(rows.query), AND)
+        return rows
+
+    def bind_after(self, params: list[Any], after: tuple[Any, ...] | None) -> list[Any]:
+        """``params`` with each ``AfterValue`` replaced by its value of ``after``, made
+        ready for the database as its field would (aware datetimes, for one)."""
         if after is None:
-            return sql, list(params)
-        values = iter(after)
-        return sql, [next(values) if param is AFTER else param for param in params]
+            return list(params)
+        values = [
+            field.get_db_prep_value(value, self.connection)
+            for field, value in zip(self.order_fields, after, strict=True)
+        ]
+        return [values[p.index] if isinstance(p, AfterValue) else p for p in params]
+
+    @cached_property
+    def order_fields(self) -> list[Field[Any, Any]]:
+        """The fields of the claim order, in order (``pk`` too)."""
+        meta = self.model._meta
+        fields = [meta.pk if name == "pk" else meta.get_field(name) for name in self.order]
+        return [field for field in fields if isinstance(field, Field)]
 
     @cached_property
     def resumable(self) -> bool:
@@ -191,10 +231,13 @@ class ClaimStatement:
         """``item``'s values of the claim order: where a claim after it starts."""
         return tuple(getattr(item, name) for name in self.order)
 
-    def where_and_order(self) -> tuple[str, str, list[Any]]:
-        """The ready filter and the ORDER BY on their own, for a single-table UPDATE."""
-        if self._where_and_order is None:
-            query = self.queryset.query.clone()
+    def where_and_order(self, after: tuple[Any, ...] | None = None) -> tuple[str, str, list[Any]]:
+        """The ready filter and the ORDER BY on their own, for a single-table UPDATE; with
+        ``after``, of the rows that sort after it."""
+        key = after is not None
+        if key not in self._where_and_order:
+            rows = self.queryset if after is None else self.sorting_after()
+            query = rows.query.clone()
             compiler = query.get_compiler(connection=self.connection)
             _, order_by, _ = compiler.pre_sql_setup()
             if len(query.alias_map) > 1:
@@ -205,9 +248,9 @@ class ClaimStatement:
             where, params = compiler.compile(compiler.where)
             order = ", ".join(sql for _, (sql, _, _) in order_by)
             order_params = [p for _, (_, ps, _) in order_by for p in ps]
-            self._where_and_order = (where, order, [*params, *order_params])
-        where, order, params = self._where_and_order
-        return where, order, list(params)
+            self._where_and_order[key] = (where, order, [*params, *order_params])
+        where, order, params = self._where_and_order[key]
+        return where, order, self.bind_after(params, after)
 
     def assignments(self, values: ClaimValues) -> tuple[str, list[Any]]:
         """The SET clause: IN_PROGRESS under this claim, attempt counted, lease from now."""

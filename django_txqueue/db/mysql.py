@@ -7,6 +7,8 @@ only the rows they take.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -25,16 +27,37 @@ if TYPE_CHECKING:
 TRANSIENT_ERRORS = {1213, 1205}
 
 
+@contextlib.contextmanager
+def short_transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
+    """A transaction of the block's own. Outside any atomic block it is begun and ended
+    by statements, two round trips fewer than ``atomic()``'s switching of autocommit off
+    and on again (a tenth of a one-item claim); inside one, a savepoint."""
+    if connection.in_atomic_block or not connection.get_autocommit():
+        with transaction.atomic(using=connection.alias):
+            yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("START TRANSACTION")
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(DatabaseError):  # a lost connection lost it anyway
+                cursor.execute("ROLLBACK")
+            raise
+        cursor.execute("COMMIT")
+
+
 class MySQL(Dialect):
     vendor = "mysql"
     acks_while_claiming = True
+    # Under READ COMMITTED, Django's default here, InnoDB steps over the READY index
+    # entries of rows claimed since its purge last ran at several times the cost of a live
+    # one: a claim of 100 from the head took 3 to 5 ms where one that resumes takes 0.7.
+    resumes_claims = True
 
     def claim_skip_locked(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
-        """Lock (and read) the first ready rows nobody else holds, mark them claimed, commit.
-
-        The locking SELECT already returns whole rows, so no read-back is needed: two
-        statements per claim, in one short transaction.
-        """
+        """Lock the first ready rows nobody else holds, read them, mark them claimed, in
+        one short transaction."""
         return self._claim_skip_locked(claim, values, None)[1]
 
     def ack_and_claim(
@@ -48,26 +71,39 @@ class MySQL(Dialect):
     def _claim_skip_locked(
         self, claim: ClaimStatement, values: ClaimValues, ack: tuple[str, list[Any]] | None
     ) -> tuple[int, list[Any]]:
+        """Under READ COMMITTED a locking read costs about 30 us more per row when it reads
+        whole rows than when it reads the READY index alone, which holds the primary key:
+        one row is locked and read at once, more are locked by the index and then read
+        by primary key, a round trip less costly from ten rows on."""
         connection = claim.connection
         lock = connection.ops.for_update_sql(skip_locked=True)
-        candidates, params = claim.candidates(lock, whole_rows=True)
+        whole_rows = claim.limit == 1
+        candidates, params = claim.candidates(lock, whole_rows=whole_rows, after=values.after)
         acknowledged = 0
-        with transaction.atomic(using=connection.alias):
+        with short_transaction(connection), connection.cursor() as cursor:
             if ack is not None:
-                with connection.cursor() as cursor:
-                    cursor.execute(*ack)
-                    acknowledged = cursor.rowcount
-            items = claim.fetch(candidates, params)
-            if not items:
+                cursor.execute(*ack)
+                acknowledged = cursor.rowcount
+            cursor.execute(candidates, params)
+            rows = claim.load(cursor.fetchall()) if whole_rows else None
+            pks = (
+                [row.pk for row in rows] if rows is not None else [r[0] for r in cursor.fetchall()]
+            )
+            if not pks:
                 return acknowledged, []
-            assignments, assignment_params = claim.assignments(values)
-            with connection.cursor() as cursor:
+            where, pk_params = self.pk_in(claim.pk, len(pks)), self.pk_params(pks)
+            if rows is None:
                 cursor.execute(
-                    f"UPDATE {claim.table} SET {assignments} "
-                    f"WHERE {self.pk_in(claim.pk, len(items))}",
-                    assignment_params + self.pk_params([item.pk for item in items]),
+                    f"SELECT {claim.columns()} FROM {claim.table} WHERE {where}", pk_params
                 )
-        return acknowledged, claim.mark_claimed(items, values)
+                by_pk = {row.pk: row for row in claim.load(cursor.fetchall())}
+                rows = [by_pk[pk] for pk in pks]  # in claim order
+            assignments, assignment_params = claim.assignments(values)
+            cursor.execute(
+                f"UPDATE {claim.table} SET {assignments} WHERE {where}",
+                assignment_params + pk_params,
+            )
+        return acknowledged, claim.mark_claimed(rows, values)
 
     def claim_update_limit(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         """One atomic ``UPDATE ... ORDER BY ... LIMIT n``, then read back by the claim token.
@@ -75,7 +111,7 @@ class MySQL(Dialect):
         An UPDATE cannot return what it changed here, and reading back by pid and status
         would also find this consumer's older claims: the token names this one only.
         """
-        where, order, where_params = claim.where_and_order()
+        where, order, where_params = claim.where_and_order(values.after)
         assignments, assignment_params = claim.assignments(values)
         table = claim.table
         if claim.ready_index:
