@@ -131,22 +131,31 @@ class Queue:
         """Add many items with the same options, one INSERT per batch, all or none."""
         if options.get("dedup_key") is not None:
             raise ValueError("dedup_key names one item; enqueue such items one at a time")
-        items = [self.build(payload, **options) for payload in payloads]
+        payloads = list(payloads)
+        make = self.maker(**options)  # the options are checked once, not per item
+        check_json(payloads, f"payload for queue {self.name!r}")  # one pass for all
+        items = [make(payload) for payload in payloads]
         if not items:
             return []
+        varying = ["payload"]
         if fairness.is_fair(self.name):
             fairness.assign_rounds(items, self.using)
+            varying.append("round")
         max_size = conf.queue_option(self.name, "MAX_SIZE")
         if max_size is not None:
-            created = self._enqueue_many_bounded(items, max_size)
+            created = self._enqueue_many_bounded(items, max_size, varying)
         else:
-            created = store.insert_many(items, self.using)
+            created = store.insert_many(items, self.using, varying)
         wake_local_consumers(self.name, self.using)
         return created
 
-    def build(
+    def build(self, payload: Any, **options: Any) -> QueueItem:
+        """A validated, unsaved item. Raises TypeError or ValueError; runs no query."""
+        check_json(payload, f"payload for queue {self.name!r}")
+        return self.maker(**options)(payload)
+
+    def maker(
         self,
-        payload: Any,
         *,
         priority: int = 0,
         run_at: datetime | None = None,
@@ -154,9 +163,9 @@ class Queue:
         key: str | None = None,
         dedup_key: str | None = None,
         max_attempts: int | None = None,
-    ) -> QueueItem:
-        """A validated, unsaved item. Raises TypeError or ValueError; runs no query."""
-        check_json(payload, f"payload for queue {self.name!r}")
+    ) -> Callable[[Any], QueueItem]:
+        """Check ``enqueue``'s options; returns what makes an unsaved item of them for a
+        payload (not checked: the caller has). Raises TypeError or ValueError."""
         validate_int(priority, "priority", *INT_RANGE)
         if run_at is not None and delay is not None:
             raise ValueError("pass run_at or delay, not both")
@@ -164,20 +173,20 @@ class Queue:
             max_attempts = conf.queue_option(self.name, "MAX_ATTEMPTS")
         if key is None and (setting := fairness.needs_key(self.name)):
             raise ValueError(f"queue {self.name!r} has {setting}: each item needs a key")
-        item = inserts(QueueItem, self.using).new(
-            queue=self.name,
-            payload=payload,
-            priority=priority,
-            key=validate_label(key, "key"),
-            dedup_key=validate_label(dedup_key, "dedup_key"),
-            max_attempts=validate_int(max_attempts, "max_attempts", 1),
-        )
+        values = {
+            "queue": self.name,
+            "priority": priority,
+            "key": validate_label(key, "key"),
+            "dedup_key": validate_label(dedup_key, "dedup_key"),
+            "max_attempts": validate_int(max_attempts, "max_attempts", 1),
+        }
         if run_at is not None:
-            item.run_at = validate_run_at(run_at)
+            values["run_at"] = validate_run_at(run_at)
         elif delay is not None:
             # Due by the database clock, like every other time comparison.
-            item.run_at = store.now_plus(to_timedelta(delay, "delay"))
-        return item
+            values["run_at"] = store.now_plus(to_timedelta(delay, "delay"))
+        new = inserts(QueueItem, self.using).new
+        return lambda payload: new(payload=payload, **values)
 
     def _enqueue_bounded(self, item: QueueItem, max_size: int) -> QueueItem:
         """Lock the queue's bound, count, insert; or raise QueueFull having written nothing.
@@ -196,12 +205,14 @@ class Queue:
         # Raised outside the block, which would otherwise doom the caller's transaction.
         raise QueueFull(item, current)
 
-    def _enqueue_many_bounded(self, items: list[QueueItem], max_size: int) -> list[QueueItem]:
+    def _enqueue_many_bounded(
+        self, items: list[QueueItem], max_size: int, varying: list[str]
+    ) -> list[QueueItem]:
         """As ``_enqueue_bounded``, for a batch that fits whole or not at all."""
         with transaction.atomic(using=self.using, savepoint=False):
             current = self.lock_and_count()
             if current + len(items) <= max_size:
-                return store.insert_many(items, self.using)
+                return store.insert_many(items, self.using, varying)
         raise QueueFull(items[0], current)
 
     def _insert(self, item: QueueItem) -> QueueItem:

@@ -14,7 +14,7 @@ import random
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -94,9 +94,12 @@ def insert(item: QueueItem, using: str) -> QueueItem:
     return item
 
 
-def insert_many(items: list[QueueItem], using: str) -> list[QueueItem]:
-    """One INSERT per batch, all or none."""
-    inserts(type(items[0]), using).insert(items)
+def insert_many(
+    items: list[QueueItem], using: str, varying: Sequence[str] | None = None
+) -> list[QueueItem]:
+    """One INSERT per batch, all or none. ``varying``: the only fields whose values
+    differ between the items, if known."""
+    inserts(type(items[0]), using).insert(items, varying=varying)
     return items
 
 

@@ -71,9 +71,14 @@ class TestOneItem:
 
 
 class TestManyItems:
-    def test_mixed_shapes_keep_each_item_with_its_row(self, queue):
-        # None payloads and keys leave columns out: each run of one shape is a statement.
-        payloads = [{"n": 0}, None, None, {"n": 3}, [4], None, "six"]
+    @pytest.mark.parametrize(
+        "payloads",
+        [[{"n": 0}, None, None, {"n": 3}, [4], None, "six"], [None, {"n": 1}, None, "three", 4]],
+        ids=["first-given", "first-null"],
+    )
+    def test_mixed_payloads_keep_each_item_with_its_row(self, queue, payloads):
+        # Rows are made from the first one, with their own payload; a first None payload
+        # leaves its column out, and then each row is made whole.
         items = queue.enqueue_many(payloads)
         assert queue.count() == len(payloads)
         if connection.features.can_return_rows_from_bulk_insert:

@@ -91,11 +91,15 @@ class Inserts(Generic[M]):
             return None
         return {field.attname: field.get_default() for field in fields}
 
-    def insert(self, items: Sequence[M]) -> None:
+    def insert(self, items: Sequence[M], *, varying: Sequence[str] | None = None) -> None:
         """Insert ``items`` (unsaved instances of the model), all or none, and give each
-        its primary key; what the database computes is loaded on first access."""
+        its primary key; what the database computes is loaded on first access.
+
+        ``varying``: the only fields whose values differ between the items, if known (an
+        ``enqueue_many``): each row is then the first one's with those values replaced.
+        """
         connection = self.connection
-        rows = [self.row(connection, item) for item in items]
+        rows = self.rows(connection, items, varying)
         batches = list(self.batches(items, rows))
         if len(batches) == 1:
             self._insert(connection, *batches[0])
@@ -122,6 +126,42 @@ class Inserts(Generic[M]):
         """Rows per statement, as many as the database's limit on bound values allows."""
         fields = list(self.fields.values())
         return max(1, self.connection.ops.bulk_batch_size(fields, [None] * 10_000))
+
+    def rows(
+        self, connection: BaseDatabaseWrapper, items: Sequence[M], varying: Sequence[str] | None
+    ) -> list[tuple[Shape, list[Any]]]:
+        """Each item's ``row``; of items differing only in ``varying``, made from the
+        first's, converting only those values (a row's own pass costs microseconds)."""
+        first = self.row(connection, items[0])
+        shape, params = first
+        positions = self.positions(shape, varying or ())
+        if varying is None or positions is None:
+            return [first, *(self.row(connection, item) for item in items[1:])]
+        rows = [first]
+        for item in items[1:]:
+            values = item.__dict__
+            row = params.copy()
+            for position, name, field, plain in positions:
+                value = values[name]
+                plain_value = value is None or (plain and type(value) in (int, str))
+                row[position] = value if plain_value else field.get_db_prep_save(value, connection)
+            rows.append((shape, row))
+        return rows
+
+    def positions(
+        self, shape: Shape, names: Sequence[str]
+    ) -> list[tuple[int, str, Field[Any, Any], bool]] | None:
+        """Where in a row of ``shape`` each of ``names`` is bound, with its field and
+        whether a plain int or str needs no conversion. None, for rows made one by one,
+        where one is left out (NULL) or a column is an expression (whose parameters
+        shift the positions)."""
+        bound = {name: position for position, (name, expression) in enumerate(shape)}
+        if any(expression is not None for _, expression in shape) or not set(names) <= set(bound):
+            return None
+        return [
+            (bound[name], name, self.fields[name], isinstance(self.fields[name], PLAIN_TYPES))
+            for name in names
+        ]
 
     def row(self, connection: BaseDatabaseWrapper, item: Model) -> tuple[Shape, list[Any]]:
         """The shape of ``item``'s row and the values it binds, in one pass."""
