@@ -107,6 +107,30 @@ class TestManyItems:
         assert "unnest(" in insert
         assert queue.items.filter(key="k").count() == 500
 
+    def test_many_rows_keep_their_text_times_and_order(self, queue):
+        payloads = [{"text": "naïve café ☃ 🚀", "n": n, "quote": 'it\'s "x"'} for n in range(300)]
+        run_at = timezone.now().replace(microsecond=123456) + dt.timedelta(minutes=5)
+        items = queue.enqueue_many(payloads, key="clé ☃", run_at=run_at, priority=-3)
+        rows = list(queue.items.order_by("pk").values("payload", "key", "run_at", "priority"))
+        assert [row["payload"] for row in rows] == payloads
+        assert {(row["key"], row["run_at"], row["priority"]) for row in rows} == {
+            ("clé ☃", run_at, -3)
+        }
+        if connection.features.can_return_rows_from_bulk_insert:
+            assert [item.pk for item in items] == [row.pk for row in queue.items.order_by("pk")]
+
+    @pytest.mark.skipif("connection.vendor != 'mysql'")
+    def test_mysql_sends_many_rows_as_one_json_parameter(self, queue):
+        with CaptureQueriesContext(connection) as queries:
+            queue.enqueue_many([{"n": n} for n in range(500)], key="k")
+        (insert,) = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+        assert "JSON_TABLE(" in insert and ") VALUES (" not in insert
+        assert queue.items.filter(key="k").count() == 500
+
+    @pytest.mark.skipif("connection.vendor != 'mysql'")
+    def test_values_json_cannot_carry_go_as_values_rows(self):
+        assert inserts(Thing, "default").bulk_params(connection, [[b"\x00"], [b"\x01"]]) is None
+
     def test_all_or_none_across_statements(self, transactional_db):
         # Four statements (a claimed_at expression changes the shape); the last row fails.
         things = [Thing(name=f"t{n}", claimed_at=Now() if n % 2 else None) for n in range(4)] + [

@@ -43,8 +43,6 @@ class Dialect:
     # Producers wake consumers through the database itself (PostgreSQL's NOTIFY), so the
     # loopback datagrams of ``wakeup`` are not needed.
     has_notify: ClassVar[bool] = False
-    # Many rows are inserted from one array per column (``from_arrays``), not VALUES.
-    inserts_arrays: ClassVar[bool] = False
     # A batch's acknowledgement rides with the next skip_locked claim (``ack_and_claim``).
     acks_while_claiming: ClassVar[bool] = False
     # A consumer's claims start after its last claimed item (``ClaimValues.after``), so
@@ -146,9 +144,15 @@ class Dialect:
         """A listener for new-work announcements, or None where the database has none."""
         return None
 
-    def from_arrays(self, types: list[str]) -> str:
-        """The rows of an INSERT, read from one array parameter per column of ``types``."""
-        raise NotSupportedError(f"{self.vendor} takes no arrays")
+    def bulk_rows(self, connection: BaseDatabaseWrapper, types: list[str]) -> str | None:
+        """A SELECT of an INSERT's many rows, of columns of ``types``, from the few
+        parameters ``bulk_params`` makes of them; None where rows go as VALUES (SQLite
+        binds thousands of parameters faster than it would read them from JSON)."""
+        return None
+
+    def bulk_params(self, rows: list[list[Any]]) -> list[Any]:
+        """``bulk_rows``' parameters for ``rows``; TypeError if they cannot be sent so."""
+        raise NotSupportedError(f"{self.vendor} inserts many rows as VALUES")
 
     def pk_in(self, pk: str, size: int) -> str:
         """SQL matching ``size`` primary keys, bound as ``pk_params`` of them."""

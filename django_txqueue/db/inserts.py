@@ -18,6 +18,7 @@ from django.db import connections, models, transaction
 from django.db.models import Model
 from django.db.models.base import ModelState
 from django.db.models.expressions import DatabaseDefault
+from django.db.models.fields import AutoFieldMixin
 from django.db.models.sql import InsertQuery
 
 from . import dialect
@@ -67,6 +68,7 @@ class Inserts(Generic[M]):
         ]
         self.auto_pk = self.pk.attname not in self.fields
         self._statements: dict[tuple[Shape, int], tuple[str, str, str]] = {}
+        self._bulk: dict[Shape, tuple[str, bool] | None] = {}
         self._computed: dict[Shape, list[str]] = {}
 
     @property
@@ -194,16 +196,21 @@ class Inserts(Generic[M]):
         items: Sequence[M],
         rows: list[list[Any]],
     ) -> None:
-        by_arrays = self.by_arrays(connection, shape, len(items))
-        sql, returning = self.statement(connection, shape, 0 if by_arrays else len(items))
-        if by_arrays:  # one array per column
-            params = [list(column) for column in zip(*rows, strict=True)]
+        bulk = self.bulk_statement(connection, shape) if len(items) > 1 else None
+        params = self.bulk_params(connection, rows) if bulk is not None else None
+        if bulk is not None and params is not None:  # a few parameters for all the rows
+            sql, returning = bulk
         else:
+            sql, returning = self.statement(connection, shape, len(items))
             params = [value for row in rows for value in row]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             if returning:
                 pks = [row[0] for row in cursor.fetchall()]
+                if isinstance(self.pk, AutoFieldMixin):
+                    # A sequence or auto-increment numbers one statement's rows in the
+                    # order they were inserted, whatever order RETURNING gives them in.
+                    pks.sort()
             elif self.auto_pk and len(items) == 1:  # MySQL: no RETURNING, only one row's id
                 pks = [connection.ops.last_insert_id(cursor, "", "")]
             else:
@@ -239,21 +246,37 @@ class Inserts(Generic[M]):
             ]
         return self._computed[shape]
 
+    def bulk_statement(
+        self, connection: BaseDatabaseWrapper, shape: Shape
+    ) -> tuple[str, bool] | None:
+        """The INSERT of many rows of ``shape`` from the database's bulk source
+        (``Dialect.bulk_rows``) and whether it returns their primary keys; None where it
+        has none, or a column is an expression. Cached per shape."""
+        if shape not in self._bulk:
+            self._bulk[shape] = None
+            if all(expression is None for _, expression in shape):
+                fields = [self.fields[name] for name, _ in shape]
+                types = [field.db_type(connection) or "" for field in fields]
+                source = dialect(connection).bulk_rows(connection, types)
+                if source is not None:
+                    head, _, returning = self.parts(connection, shape, 2)
+                    head = head.removesuffix("VALUES ")
+                    self._bulk[shape] = (head + source + returning, bool(returning))
+        return self._bulk[shape]
+
     @staticmethod
-    def by_arrays(connection: BaseDatabaseWrapper, shape: Shape, rows: int) -> bool:
-        """Whether to send the rows as one array per column (where the database can
-        take them so, and every value is bound)."""
-        return (
-            rows > 1
-            and dialect(connection).inserts_arrays
-            and all(expression is None for _, expression in shape)
-        )
+    def bulk_params(connection: BaseDatabaseWrapper, rows: list[list[Any]]) -> list[Any] | None:
+        """``rows`` as the bulk source's parameters; None if it cannot take these values."""
+        try:
+            return dialect(connection).bulk_params(rows)
+        except TypeError:  # a value JSON cannot carry (bytes, say): they go as VALUES
+            return None
 
     def statement(
         self, connection: BaseDatabaseWrapper, shape: Shape, rows: int
     ) -> tuple[str, bool]:
-        """The INSERT of ``rows`` rows of ``shape`` (0: from one array per column), and
-        whether it returns the automatic primary keys (not where the database cannot)."""
+        """The INSERT of ``rows`` rows of ``shape`` as VALUES, and whether it returns the
+        automatic primary keys (not where the database cannot)."""
         head, row, returning = self.parts(connection, shape, rows)
         if rows <= 1:
             return head + row + returning, bool(returning)
@@ -263,22 +286,16 @@ class Inserts(Generic[M]):
     def parts(
         self, connection: BaseDatabaseWrapper, shape: Shape, rows: int
     ) -> tuple[str, str, str]:
-        """The statement's head, its rows' source (one VALUES row, or the arrays when
-        ``rows`` is 0) and its RETURNING clause (or ""), cached per shape."""
+        """The statement's head, one VALUES row and its RETURNING clause (or ""), cached
+        per shape."""
         key = (shape, min(rows, 2))  # a single row and many rows differ in RETURNING
         if key not in self._statements:
             quote = connection.ops.quote_name
             fields = [self.fields[name] for name, _ in shape]
             columns = ", ".join(quote(str(field.column)) for field in fields)
             table = quote(self.model._meta.db_table)
-            if rows:
-                head = f"INSERT INTO {table} ({columns}) VALUES "
-                row = "(" + ", ".join(expression or "%s" for _, expression in shape) + ")"
-            else:
-                head = f"INSERT INTO {table} ({columns}) "
-                row = dialect(connection).from_arrays(
-                    [field.db_type(connection) or "" for field in fields]
-                )
+            head = f"INSERT INTO {table} ({columns}) VALUES "
+            row = "(" + ", ".join(expression or "%s" for _, expression in shape) + ")"
             features = connection.features
             returns = self.auto_pk and (
                 features.can_return_columns_from_insert

@@ -8,6 +8,7 @@ only the rows they take.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -131,6 +132,32 @@ class MySQL(Dialect):
             f"WHERE {claim.column('status')} = %s AND {claim.column('claim_token')} = %s",
             [int(Status.IN_PROGRESS), values.token],
         )
+
+    def bulk_rows(self, connection: BaseDatabaseWrapper, types: list[str]) -> str | None:
+        """``JSON_TABLE`` over one JSON array of the rows: one parameter for a thousand
+        rows, where mysqlclient quotes each of ten thousand in Python (about 7 us of CPU
+        a row, against 1). MariaDB 10.6 and MySQL 8.0.4 on.
+
+        Each value is read as text and converted by the INSERT, as a quoted VALUES one
+        would be: JSON_TABLE's own types would cut a string too long for its column, or
+        make a number out of range NULL, without an error. Booleans (JSON true and false)
+        keep their type; a JSON value (given as the string of its text) stays that text.
+        """
+        mariadb, version = connection.mysql_is_mariadb, connection.mysql_version  # type: ignore[attr-defined]
+        if version < ((10, 6) if mariadb else (8, 0, 4)):
+            return None
+        columns = ", ".join(
+            f"c{n} {'bool' if column_type == 'bool' else 'longtext'} PATH '$[{n}]'"
+            for n, column_type in enumerate(types)
+        )
+        values = ", ".join(f"j.c{n}" for n in range(len(types)))
+        return (
+            f"SELECT {values} FROM JSON_TABLE(%s, '$[*]' COLUMNS "
+            f"(n FOR ORDINALITY, {columns})) AS j ORDER BY j.n"
+        )
+
+    def bulk_params(self, rows: list[list[Any]]) -> list[Any]:
+        return [json.dumps(rows)]
 
     def lock_sql(self, connection: BaseDatabaseWrapper, name: str) -> tuple[str, str, Any]:
         """``GET_LOCK`` with no wait. Its names are server-wide (and MySQL's at most 64
