@@ -1,9 +1,11 @@
-"""Where a consumer's next claim of a queue starts reading (PostgreSQL).
+"""Where a consumer's next claim of a queue starts reading (PostgreSQL, MySQL, MariaDB).
 
 While any transaction keeps an old snapshot open (a long report, a session idle in a
 transaction, a replica's ``hot_standby_feedback``), PostgreSQL may remove neither the rows
 claimed since nor their entries in the READY index, and a claim that reads that index from
-its head steps over all of them: the claim rate fell to 2% in ten minutes. So a consumer
+its head steps over all of them: the claim rate fell to 2% in ten minutes. InnoDB keeps
+them until its purge runs, and its locking reads step over them slowly under READ
+COMMITTED. So a consumer
 starts each claim right after the last item it claimed ("resumes"), and reads from the head
 (a full claim) when a resumed claim finds nothing, after a claim that took fewer items than
 it asked for, and at least every ``FULL_CLAIM_EVERY`` seconds. An item that sorts before

@@ -208,8 +208,9 @@ class ClaimStatement:
         ready for the database as its field would (aware datetimes, for one)."""
         if after is None:
             return list(params)
+        connection = self.connection
         values = [
-            field.get_db_prep_value(value, self.connection)
+            field.get_db_prep_value(value, connection)
             for field, value in zip(self.order_fields, after, strict=True)
         ]
         return [values[p.index] if isinstance(p, AfterValue) else p for p in params]

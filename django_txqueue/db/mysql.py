@@ -73,9 +73,10 @@ class MySQL(Dialect):
         self, claim: ClaimStatement, values: ClaimValues, ack: tuple[str, list[Any]] | None
     ) -> tuple[int, list[Any]]:
         """Under READ COMMITTED a locking read costs about 30 us more per row when it reads
-        whole rows than when it reads the READY index alone, which holds the primary key:
-        one row is locked and read at once, more are locked by the index and then read
-        by primary key, a round trip less costly from ten rows on."""
+        whole rows than when it reads the READY index alone, which holds the primary key.
+        So one row is locked and read at once; more are locked by the index, then read by
+        primary key, which costs less than that from ten rows on (measured at 1, 10, 100).
+        """
         connection = claim.connection
         lock = connection.ops.for_update_sql(skip_locked=True)
         whole_rows = claim.limit == 1
@@ -86,14 +87,15 @@ class MySQL(Dialect):
                 cursor.execute(*ack)
                 acknowledged = cursor.rowcount
             cursor.execute(candidates, params)
-            rows = claim.load(cursor.fetchall()) if whole_rows else None
-            pks = (
-                [row.pk for row in rows] if rows is not None else [r[0] for r in cursor.fetchall()]
-            )
+            if whole_rows:
+                rows = claim.load(cursor.fetchall())
+                pks = [row.pk for row in rows]
+            else:
+                pks = [pk for (pk,) in cursor.fetchall()]
             if not pks:
                 return acknowledged, []
             where, pk_params = self.pk_in(claim.pk, len(pks)), self.pk_params(pks)
-            if rows is None:
+            if not whole_rows:
                 cursor.execute(
                     f"SELECT {claim.columns()} FROM {claim.table} WHERE {where}", pk_params
                 )
