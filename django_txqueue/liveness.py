@@ -27,6 +27,7 @@ from django.db import DatabaseError, connections
 
 from . import conf, store
 from .api import Queue
+from .memory import forget_queries
 from .models import Consumer, Effect, QueueItem
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class Liveness:
                 max(min(next_beat, next_rescue, next_purge) - time.monotonic(), 0)
             ):
                 now = time.monotonic()
+                forget_queries()
                 try:
                     if now >= next_beat:
                         next_beat = now + self._tick()

@@ -31,6 +31,7 @@ from .api import Queue
 from .db import dialect_for
 from .exceptions import NotJSONSerializable
 from .liveness import Liveness
+from .memory import forget_queries
 from .models import Consumer, QueueItem
 from .resume import Resume
 from .retry import jittered, next_pause
@@ -172,6 +173,7 @@ class Worker:
 
     def _turn(self) -> bool:
         """One turn of the loop; False when a burst run has drained its queues."""
+        forget_queries()
         self.liveness.start()
         self._discover_queues()
         # Where it saves a round trip or a commit, the successes' acknowledgement rides
@@ -417,6 +419,7 @@ class HandlerThreads:
         try:
             while (items := self.pending.get()) is not None:
                 self.run(items)
+                forget_queries()
         finally:
             connections.close_all()
 

@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from django.db import connections
 from django.db.backends.signals import connection_created
 from django.db.models import Count
 from django.utils import timezone
@@ -82,6 +83,24 @@ class TestBurst:
         assert worker_for("echo", burst=True).run() == 0
         assert time.monotonic() - started < 5
         assert Queue("echo").count() == 1
+
+    def test_debug_query_logs_do_not_grow(self, settings):
+        """DEBUG=True logs every query of a connection until a request starts: a
+        consumer's threads empty their logs as they go, else they hold thousands."""
+        settings.DEBUG = True
+        opened = [connections["default"]]
+
+        def record(sender, connection, **kwargs):
+            opened.append(connection)
+
+        connection_created.connect(record)
+        try:
+            Queue("echo").enqueue_many([{}] * 60)
+            assert worker_for("echo", batch=1, burst=True).run() == 0
+        finally:
+            connection_created.disconnect(record)
+        assert Queue("echo").count(status=Status.DONE) == 60
+        assert len(opened) > 1 and max(len(c.queries_log) for c in opened) < 20
 
     def test_consumer_row_registered_and_stopped(self):
         Queue("echo").enqueue_many([{}] * 3)

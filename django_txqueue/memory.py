@@ -1,0 +1,15 @@
+"""Keeping a long-running consumer's memory flat."""
+
+from __future__ import annotations
+
+from django.db import connections
+
+
+def forget_queries() -> None:
+    """Empty this thread's connections' query logs. With DEBUG=True Django logs every
+    query, up to 9,000 a connection, and only a request's start clears the log: a
+    consumer's threads would each hold thousands (about 55 MB more after 100,000 items).
+    A log being captured (``CaptureQueriesContext``, ``assertNumQueries``) is kept."""
+    for connection in connections.all(initialized_only=True):
+        if not connection.force_debug_cursor:
+            connection.queries_log.clear()
