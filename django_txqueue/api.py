@@ -185,8 +185,8 @@ class Queue:
         elif delay is not None:
             # Due by the database clock, like every other time comparison.
             values["run_at"] = store.now_plus(to_timedelta(delay, "delay"))
-        new = inserts(QueueItem, self.using).new
-        return lambda payload: new(payload=payload, **values)
+        make = inserts(QueueItem, self.using).maker(**values)
+        return lambda payload: make(payload=payload)
 
     def _enqueue_bounded(self, item: QueueItem, max_size: int) -> QueueItem:
         """Lock the queue's bound, count, insert; or raise QueueFull having written nothing.
