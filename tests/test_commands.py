@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, SystemCheckError
 from django.db import connection
 from django.utils import timezone
 
@@ -328,6 +328,15 @@ class TestRunQueueConsumer:
         assert "django_txqueue_queueitem table" in done.stderr
         assert "run `python manage.py migrate`" in done.stderr
         assert "retrying" not in done.stderr
+
+    def test_a_consumer_stopped_by_its_checks_leaves_nothing_open(self, db, settings):
+        """The wake-up socket and pipe a consumer opens when it is made are closed when
+        the system checks stop it before it runs."""
+        settings.TXQUEUE = {**settings.TXQUEUE, "NO_SUCH_KEY": 1}
+        opened = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(SystemCheckError, match="txqueue.E002"):
+            call_command("run_queue_consumer", "echo", "--burst", skip_checks=False)
+        assert len(os.listdir("/proc/self/fd")) == opened
 
     @pytest.mark.parametrize(
         "option", ["--concurrency=0", "--batch=-1", "--processes=0", "--strategy=fastest"]

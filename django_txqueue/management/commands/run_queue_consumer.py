@@ -113,8 +113,26 @@ class Command(BaseCommand):
         # Signals stop the wait for the database too (the supervisor installs its own after).
         stopping = threading.Event() if worker is None else worker.stopping
         self.install_signal_handlers(stopping, stopping.set if worker is None else worker.stop)
+        ready = False
+        try:
+            ready = self.ready(using, stopping, skip_checks=options["skip_checks"])
+        finally:
+            if worker is not None and not ready:
+                worker.waiter.close()  # its wake-up socket, opened when it was made
+        if not ready:
+            return  # stopped while waiting for the database: exit 0
+        if worker is not None:
+            code = worker.run()
+        else:
+            code = 0 if stopping.is_set() else Supervisor(child_argv(), options["processes"]).run()
+        if code:
+            sys.exit(code)
+
+    def ready(self, using: str, stopping: threading.Event, *, skip_checks: bool) -> bool:
+        """Wait for the database (False: stopped meanwhile), then check that it is migrated
+        and run the system checks, raising what they find."""
         if not wait_for_database(using, stopping):
-            return  # stopped while waiting: exit 0
+            return False
         if missing := missing_tables(using):
             migrate = "python manage.py migrate" + (
                 "" if using == "default" else f" --database {using}"
@@ -122,14 +140,9 @@ class Command(BaseCommand):
             raise CommandError(
                 f"Database {using!r} has no {', '.join(missing)} table: run `{migrate}`."
             )
-        if not options["skip_checks"]:
+        if not skip_checks:
             self.check()
-        if worker is not None:
-            code = worker.run()
-        else:
-            code = 0 if stopping.is_set() else Supervisor(child_argv(), options["processes"]).run()
-        if code:
-            sys.exit(code)
+        return True
 
     def install_signal_handlers(self, stopping: threading.Event, stop: Callable[[], None]) -> None:
         """First SIGTERM, SIGINT or SIGHUP: ``stop()`` (sets ``stopping``): gracefully, or
