@@ -109,7 +109,8 @@ class Inserts(Generic[M]):
         its primary key; what the database computes is loaded on first access.
 
         ``varying``: the only fields whose values differ between the items, if known (an
-        ``enqueue_many``): each row is then the first one's with those values replaced.
+        ``enqueue_many``), and those values plain data, not expressions: each row is then
+        the first one's with those values replaced.
         """
         connection = self.connection
         rows = self.rows(connection, items, varying)
@@ -147,8 +148,8 @@ class Inserts(Generic[M]):
         first's, converting only those values (a row's own pass costs microseconds)."""
         first = self.row(connection, items[0])
         shape, params = first
-        positions = self.positions(shape, varying or ())
-        if varying is None or positions is None:
+        positions = None if varying is None else self.positions(shape, varying)
+        if positions is None:
             return [first, *(self.row(connection, item) for item in items[1:])]
         rows = [first]
         for item in items[1:]:
@@ -156,8 +157,9 @@ class Inserts(Generic[M]):
             row = params.copy()
             for position, name, field, plain in positions:
                 value = values[name]
-                plain_value = value is None or (plain and type(value) in (int, str))
-                row[position] = value if plain_value else field.get_db_prep_save(value, connection)
+                row[position] = (
+                    None if value is None else self.bind(field, plain, value, connection)
+                )
             rows.append((shape, row))
         return rows
 
@@ -188,17 +190,24 @@ class Inserts(Generic[M]):
                     continue  # left out: NULL is the column's default
                 shape.append((name, None))
                 params.append(None)
-            elif plain and type(value) in (int, str):
-                shape.append((name, None))
-                params.append(value)
             elif not hasattr(value, "resolve_expression"):
                 shape.append((name, None))
-                params.append(field.get_db_prep_save(value, connection))
+                params.append(self.bind(field, plain, value, connection))
             elif not isinstance(value, DatabaseDefault):  # else left to the db_default
                 sql, expression_params = self.expression_sql(field, value)
                 shape.append((name, sql))
                 params += expression_params
         return tuple(shape), params
+
+    @staticmethod
+    def bind(
+        field: Field[Any, Any], plain: bool, value: Any, connection: BaseDatabaseWrapper
+    ) -> Any:
+        """``value`` as its column binds it: a plain int or str as it is where ``plain``
+        (the field would leave it so), anything else converted by the field."""
+        if plain and type(value) in (int, str):
+            return value
+        return field.get_db_prep_save(value, connection)
 
     def _insert(
         self,
@@ -270,9 +279,8 @@ class Inserts(Generic[M]):
                 types = [field.db_type(connection) or "" for field in fields]
                 source = dialect(connection).bulk_rows(connection, types)
                 if source is not None:
-                    head, _, returning = self.parts(connection, shape, 2)
-                    head = head.removesuffix("VALUES ")
-                    self._bulk[shape] = (head + source + returning, bool(returning))
+                    into, _, returning = self.parts(connection, shape, 2)
+                    self._bulk[shape] = (into + source + returning, bool(returning))
         return self._bulk[shape]
 
     @staticmethod
@@ -288,24 +296,24 @@ class Inserts(Generic[M]):
     ) -> tuple[str, bool]:
         """The INSERT of ``rows`` rows of ``shape`` as VALUES, and whether it returns the
         automatic primary keys (not where the database cannot)."""
-        head, row, returning = self.parts(connection, shape, rows)
+        into, row, returning = self.parts(connection, shape, rows)
         if rows <= 1:
-            return head + row + returning, bool(returning)
+            return f"{into}VALUES {row}{returning}", bool(returning)
         # Not cached: one text per batch size would pile up in a long-lived process.
-        return head + ", ".join([row] * rows) + returning, bool(returning)
+        return f"{into}VALUES {', '.join([row] * rows)}{returning}", bool(returning)
 
     def parts(
         self, connection: BaseDatabaseWrapper, shape: Shape, rows: int
     ) -> tuple[str, str, str]:
-        """The statement's head, one VALUES row and its RETURNING clause (or ""), cached
-        per shape."""
+        """The statement's ``INSERT INTO table (columns)``, one VALUES row and its
+        RETURNING clause (or ""), cached per shape."""
         key = (shape, min(rows, 2))  # a single row and many rows differ in RETURNING
         if key not in self._statements:
             quote = connection.ops.quote_name
             fields = [self.fields[name] for name, _ in shape]
             columns = ", ".join(quote(str(field.column)) for field in fields)
             table = quote(self.model._meta.db_table)
-            head = f"INSERT INTO {table} ({columns}) VALUES "
+            into = f"INSERT INTO {table} ({columns}) "
             row = "(" + ", ".join(expression or "%s" for _, expression in shape) + ")"
             features = connection.features
             returns = self.auto_pk and (
@@ -314,7 +322,7 @@ class Inserts(Generic[M]):
                 else features.can_return_rows_from_bulk_insert
             )
             returning = f" RETURNING {quote(str(self.pk.column))}" if returns else ""
-            self._statements[key] = (head, row, returning)
+            self._statements[key] = (into, row, returning)
         return self._statements[key]
 
 
