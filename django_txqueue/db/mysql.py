@@ -81,6 +81,7 @@ class MySQL(Dialect):
         lock = connection.ops.for_update_sql(skip_locked=True)
         whole_rows = claim.limit == 1
         candidates, params = claim.candidates(lock, whole_rows=whole_rows, after=values.after)
+        candidates = self.read_ready_index(claim, candidates)
         acknowledged = 0
         with short_transaction(connection), connection.cursor() as cursor:
             if ack is not None:
@@ -108,6 +109,22 @@ class MySQL(Dialect):
             )
         return acknowledged, claim.mark_claimed(rows, values)
 
+    @staticmethod
+    def force_ready_index(claim: ClaimStatement) -> str:
+        """`` FORCE INDEX (<READY index>)``, or "" for a model without one. InnoDB locks
+        every row a locking statement examines: planned from statistics instead (a small
+        or freshly emptied table, or the single-table UPDATE, which took the shorter
+        (status, claim_token) index), a claim read and filesorted every READY row, locking
+        them all, and the other consumers' claims skipped or waited for all of them. The
+        READY index reads the rows in claim order and stops at the LIMIT."""
+        return f" FORCE INDEX ({claim.quote(claim.ready_index)})" if claim.ready_index else ""
+
+    def read_ready_index(self, claim: ClaimStatement, candidates: str) -> str:
+        """The candidates' SELECT with its table (the first FROM: an ordered queue's
+        subqueries come later) read through the READY index."""
+        table = f"FROM {claim.table} "
+        return candidates.replace(table, f"{table.rstrip()}{self.force_ready_index(claim)} ", 1)
+
     def claim_update_limit(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         """One atomic ``UPDATE ... ORDER BY ... LIMIT n``, then read back by the claim token.
 
@@ -116,12 +133,7 @@ class MySQL(Dialect):
         """
         where, order, where_params = claim.where_and_order(values.after)
         assignments, assignment_params = claim.assignments(values)
-        table = claim.table
-        if claim.ready_index:
-            # The single-table UPDATE planner would pick the shorter (status, claim_token)
-            # index and filesort every READY row, locking them all; the READY index reads
-            # the rows in claim order and stops at the LIMIT.
-            table += f" FORCE INDEX ({claim.quote(claim.ready_index)})"
+        table = claim.table + self.force_ready_index(claim)
         with claim.connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} SET {assignments} WHERE {where} ORDER BY {order} LIMIT %s",
