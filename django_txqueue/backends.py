@@ -28,6 +28,7 @@ from django.db import router
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from . import registry
 from .api import Queue, enqueue
 from .exceptions import NotJSONSerializable
 from .models import QueueItem, Status
@@ -218,6 +219,25 @@ def our_backends() -> list[TxQueueBackend]:
             assert isinstance(backend, TxQueueBackend)  # noqa: S101 - built from that class
             found.append(backend)
     return found
+
+
+class TaskQueues:
+    """The configured TxQueueBackends' queues, as a source of handlers for the registry,
+    which this module joins when Django (or ``registry.autodiscover``) imports it: each
+    runs ``run_task``."""
+
+    def handlers(self) -> dict[str, TaskHandler]:
+        return task_handlers()
+
+    def takes_any_queue(self) -> bool:
+        return any_task_queue()
+
+    def find(self, queue: str) -> TaskHandler | None:
+        return find_task_queue(queue)
+
+
+task_queues = TaskQueues()
+registry.add_source(task_queues)
 
 
 def task_handlers() -> dict[str, TaskHandler]:

@@ -1,25 +1,44 @@
 """Handlers: ``@handler("queue")`` registers the function that processes a queue.
 
 Handlers live in ``queues.py`` modules of installed apps, imported by ``autodiscover()``
-when a consumer starts, as the admin imports ``admin.py``. The Django Tasks queues come
-from the Tasks backend.
+when a consumer starts, as the admin imports ``admin.py``. Other sources of handlers
+register themselves with ``add_source``: the Django Tasks backend does, for its queues.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from django.utils.module_loading import autodiscover_modules
+from django.conf import settings
+from django.utils.module_loading import autodiscover_modules, import_string
 
-from .backends import task_handlers
 from .validation import validate_queue_name
 
 Handler = Callable[[Any], Any]
 H = TypeVar("H", bound=Handler)
 
+
+class Source(Protocol):
+    """Queues whose handler comes from elsewhere than ``@handler`` (Django Tasks)."""
+
+    def handlers(self) -> dict[str, Handler]:
+        """Queue name to handler, for the queues known by name."""
+        ...
+
+    def takes_any_queue(self) -> bool:
+        """Whether queues nobody named may turn up (found by ``find``)."""
+        ...
+
+    def find(self, queue: str) -> Handler | None:
+        """The handler for ``queue``, a queue with ready items that has none, or None."""
+        ...
+
+
 _handlers: dict[str, Handler] = {}
 _atomic: set[str] = set()
+_sources: list[Source] = []
 
 
 def handler(queue: str, *, atomic: bool = False) -> Callable[[H], H]:
@@ -53,13 +72,44 @@ def handler(queue: str, *, atomic: bool = False) -> Callable[[H], H]:
 
 
 def autodiscover() -> None:
-    """Import every installed app's ``queues`` module, registering its handlers."""
+    """Import every installed app's ``queues`` module, registering its handlers, and the
+    Django Tasks backends named in ``TASKS``, which register their queues (``add_source``).
+    """
     autodiscover_modules("queues")
+    tasks = getattr(settings, "TASKS", None)
+    for params in tasks.values() if isinstance(tasks, dict) else ():
+        path = params.get("BACKEND") if isinstance(params, dict) else None
+        if isinstance(path, str):
+            with contextlib.suppress(ImportError):  # Django reports it when it is used
+                import_string(path)
+
+
+def add_source(source: Source) -> None:
+    """Take handlers from ``source`` too (once, however often it is added)."""
+    if source not in _sources:
+        _sources.append(source)
 
 
 def handlers() -> dict[str, Handler]:
-    """Queue name to handler: registered handlers plus the Django Tasks queues."""
-    return {**task_handlers(), **_handlers}
+    """Queue name to handler: the sources' (Django Tasks queues), then ``@handler``'s."""
+    found: dict[str, Handler] = {}
+    for source in _sources:
+        found.update(source.handlers())
+    return {**found, **_handlers}
+
+
+def takes_any_queue() -> bool:
+    """Whether a source may find handlers for queues nobody named (``find``)."""
+    return any(source.takes_any_queue() for source in _sources)
+
+
+def find(queue: str) -> Handler | None:
+    """A source's handler for ``queue``, which has ready items and no handler yet; or None."""
+    for source in _sources:
+        found = source.find(queue)
+        if found is not None:
+            return found
+    return None
 
 
 def is_atomic(queue: str) -> bool:

@@ -15,7 +15,6 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf, registry
-from ...backends import any_task_queue, find_task_queue
 from ...startup import missing_tables, wait_for_database
 from ...supervisor import Supervisor, child_argv
 from ...worker import Progress, Worker
@@ -85,8 +84,8 @@ class Command(BaseCommand):
         names: list[str] = options["queues"] or sorted(known)
         unknown = [name for name in names if name not in known]
         # With no names, Tasks of a backend that takes any queue name are found as they come.
-        discover = None if options["queues"] else find_task_queue
-        if unknown or not (names or any_task_queue()):
+        discover = None if options["queues"] else registry.find
+        if unknown or not (names or registry.takes_any_queue()):
             problem = (
                 f"No handler for queue {', '.join(map(repr, unknown))}."
                 if unknown
