@@ -12,17 +12,15 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import router, transaction
 from django.db.models import Count, DurationField, ExpressionWrapper, Min
 from django.db.models.functions import Now
-from django.utils import timezone
 
 from . import conf, fairness, store
+from .claims import Claims
 from .db import dialect_for
-from .db.compiler import ClaimStatement
 from .db.inserts import inserts
-from .exceptions import QueueFull
-from .models import QueueBound, QueueItem, QueueItemQuerySet, any_status
+from .models import QueueItem, QueueItemQuerySet, any_status
 from .monitoring import estimated_count
 from .status import Status
 from .validation import (
@@ -80,7 +78,8 @@ class Queue:
         self.using: str = (
             using or conf.queue_option(self.name, "DATABASE") or router.db_for_write(QueueItem)
         )
-        self._claims: dict[int, ClaimStatement] = {}  # compiled once per batch size
+        # The claim path: statements compiled once per batch size, where claims resume.
+        self.claims = Claims(self.name, self.items)
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, using={self.using!r})"
@@ -117,15 +116,7 @@ class Queue:
             dedup_key=dedup_key,
             max_attempts=max_attempts,
         )
-        if fairness.is_fair(self.name):
-            fairness.assign_rounds([item], self.using)
-        max_size = conf.queue_option(self.name, "MAX_SIZE")
-        if max_size is not None:
-            item = self._enqueue_bounded(item, max_size)
-        else:
-            item = self._insert(item)
-        wake_local_consumers(self.name, self.using)
-        return item
+        return self._add([item], varying=None)[0]
 
     def enqueue_many(self, payloads: Iterable[Any], **options: Any) -> list[QueueItem]:
         """Add many items with the same options, one INSERT per batch, all or none."""
@@ -137,17 +128,18 @@ class Queue:
         items = [make(payload) for payload in payloads]
         if not items:
             return []
-        varying = ["payload"]
+        return self._add(items, varying=["payload"])
+
+    def _add(self, items: list[QueueItem], varying: list[str] | None) -> list[QueueItem]:
+        """Give a fair queue's items their rounds, store them, wake idle consumers."""
         if fairness.is_fair(self.name):
             fairness.assign_rounds(items, self.using)
-            varying.append("round")
-        max_size = conf.queue_option(self.name, "MAX_SIZE")
-        if max_size is not None:
-            created = self._enqueue_many_bounded(items, max_size, varying)
-        else:
-            created = store.insert_many(items, self.using, varying)
+            varying = varying and [*varying, "round"]
+        added = store.enqueue(
+            items, self.using, max_size=conf.queue_option(self.name, "MAX_SIZE"), varying=varying
+        )
         wake_local_consumers(self.name, self.using)
-        return created
+        return added
 
     def build(self, payload: Any, **options: Any) -> QueueItem:
         """A validated, unsaved item. Raises TypeError or ValueError; runs no query."""
@@ -188,71 +180,6 @@ class Queue:
         make = inserts(QueueItem, self.using).maker(**values)
         return lambda payload: make(payload=payload)
 
-    def _enqueue_bounded(self, item: QueueItem, max_size: int) -> QueueItem:
-        """Lock the queue's bound, count, insert; or raise QueueFull having written nothing.
-
-        savepoint=False: inside the caller's transaction it adds no query, and outside
-        one the lock, the count and the insert still share a transaction of their own.
-        """
-        with transaction.atomic(using=self.using, savepoint=False):
-            current = self.lock_and_count()
-            if current + 1 <= max_size:
-                return self._insert(item)
-            # A full queue still answers with the unfinished twin: it adds nothing.
-            twin = self._dedup_twin(item)
-            if twin is not None:
-                return twin
-        # Raised outside the block, which would otherwise doom the caller's transaction.
-        raise QueueFull(item, current)
-
-    def _enqueue_many_bounded(
-        self, items: list[QueueItem], max_size: int, varying: list[str]
-    ) -> list[QueueItem]:
-        """As ``_enqueue_bounded``, for a batch that fits whole or not at all."""
-        with transaction.atomic(using=self.using, savepoint=False):
-            current = self.lock_and_count()
-            if current + len(items) <= max_size:
-                return store.insert_many(items, self.using, varying)
-        raise QueueFull(items[0], current)
-
-    def _insert(self, item: QueueItem) -> QueueItem:
-        if item.dedup_key is None:
-            return store.insert(item, self.using)
-        return store.insert_unique(item, self.using)
-
-    def _dedup_twin(self, item: QueueItem) -> QueueItem | None:
-        if item.dedup_key is None:
-            return None
-        return self.items.filter(active_dedup_key=item.dedup_key).first()
-
-    def lock_and_count(self) -> int:
-        """Lock this queue's bound row, then count its unfinished items.
-
-        The lock is held until the caller's transaction ends, so the count stays true
-        until its insert commits: producers of this queue take turns, whatever the
-        database. Only enqueues add unfinished items, and they all take this lock
-        first; consumers finishing items only lower the count and need no lock. Lock
-        order is always the bound row, then items; a claim never takes the bound row.
-        """
-        self._lock_bound()
-        return self.items.filter(any_status(Status.READY, Status.IN_PROGRESS)).count()
-
-    def _lock_bound(self) -> None:
-        """Create this queue's bound row, or lock it if it exists, in one statement.
-
-        An upsert rather than "SELECT ... FOR UPDATE, INSERT if missing": producers
-        racing to create the row would otherwise hold shared locks on InnoDB (INSERT
-        IGNORE) and deadlock upgrading them, and on SQLite it takes the writer lock at
-        once, before the count.
-        """
-        unique_target = connections[self.using].features.supports_update_conflicts_with_target
-        QueueBound.objects.using(self.using).bulk_create(
-            [QueueBound(queue=self.name, locked_at=timezone.now())],
-            update_conflicts=True,
-            unique_fields=["queue"] if unique_target else None,
-            update_fields=["locked_at"],
-        )
-
     # -- consuming -----------------------------------------------------------------
 
     def claim(
@@ -267,66 +194,7 @@ class Queue:
 
         ``lease`` defaults to this queue's ``LEASE``.
         """
-        if lease is None:
-            lease = conf.lease(self.name)  # one queue: no per-row CASE in the claim
-        return store.claim(self._claim_statement(limit), pid=pid, strategy=strategy, lease=lease)
-
-    def ack_and_claim(
-        self,
-        claim_token: int,
-        results: dict[Any, Any],
-        limit: int = 1,
-        *,
-        pid: str | None = None,
-        strategy: str = "auto",
-        lease: float | timedelta | None = None,
-        after: tuple[Any, ...] | None = None,
-    ) -> tuple[int, list[QueueItem]]:
-        """Acknowledge items of one claim (``{pk: result}``, of any queue), then claim as
-        ``claim`` does; together where the database allows (``store.ack_and_claim``).
-        Returns how many were acknowledged and the claimed items. The consumer's loop.
-
-        ``after``: claim only items that sort after these claim-order values (see
-        ``resume_key``)."""
-        if lease is None:
-            lease = conf.lease(self.name)
-        return store.ack_and_claim(
-            self._claim_statement(limit),
-            claim_token,
-            results,
-            pid=pid,
-            strategy=strategy,
-            lease=lease,
-            after=after,
-        )
-
-    @property
-    def resume_key(self) -> Callable[[QueueItem], tuple[Any, ...]] | None:
-        """An item's claim-order values, for a claim to start after it (``resume``), or
-        None where this queue's claims cannot: on a database that does not need it, and
-        in an ordered queue, whose held-back items become claimable behind that point."""
-        statement = self._claim_statement(1)
-        resumes = statement.dialect.resumes_claims and statement.resumable
-        return statement.resume_key if resumes and not statement.reads_other_rows else None
-
-    def _claim_statement(self, limit: int) -> ClaimStatement:
-        statement = self._claims.get(limit)
-        if statement is None:
-            statement = self._claims[limit] = ClaimStatement(
-                self.claimable,
-                limit,
-                reads_other_rows=fairness.in_flight_limit(self.name) is not None,
-            )
-        return statement
-
-    @property
-    def claimable(self) -> QueueItemQuerySet:
-        """The items a claim may take once they are due: all of them, or in an ordered
-        queue (or one with MAX_IN_FLIGHT_PER_KEY) those at the head of their key."""
-        limit = fairness.in_flight_limit(self.name)
-        if limit is not None:
-            return fairness.in_key_order(self.items, limit)  # type: ignore[return-value]
-        return self.items
+        return self.claims.claim(limit, pid=pid, strategy=strategy, lease=lease)
 
     @contextmanager
     def dequeue(self) -> Iterator[QueueItem | None]:
@@ -349,7 +217,7 @@ class Queue:
 
     def peek(self) -> QueueItem | None:
         """The item the next claim would take, unchanged (or None)."""
-        return self.claimable.ready().order_by(*QueueItem.claim_order).first()
+        return self.claims.claimable.ready().order_by(*QueueItem.claim_order).first()
 
     def count(self, status: int | None = Status.READY) -> int:
         """Exact number of items in ``status`` (None: all)."""

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from django.db import IntegrityError, router, transaction
+from django.db import router, transaction
 
-from . import conf
+from . import conf, store
 from .models import Effect
 from .validation import validate_label
 
@@ -33,11 +33,4 @@ def once(key: str, *, using: str | None = None) -> Iterator[bool]:
     validate_label(key, "the effect key")
     alias = using or conf.get("DATABASE") or router.db_for_write(Effect)
     with transaction.atomic(using=alias):
-        try:
-            # A savepoint of its own: a duplicate key must not break the caller's transaction.
-            with transaction.atomic(using=alias):
-                Effect.objects.using(alias).create(key=key)
-            first = True
-        except IntegrityError:
-            first = False
-        yield first
+        yield store.record_effect(Effect, key, alias)

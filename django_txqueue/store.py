@@ -22,12 +22,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from django.db import IntegrityError, OperationalError, connections, models, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from . import conf
 from . import retry as backoff
 from .db import dialect, dialect_for
-from .db.compiler import ClaimStatement, ClaimValues, ack_sql, has_field, sort_items
+from .db.compiler import ClaimStatement, ClaimValues, sort_items
 from .db.inserts import inserts
+from .db.rows import has_field
+from .exceptions import QueueFull
 from .status import FINISHED, Status
 from .validation import check_json, to_timedelta, validate_pid
 
@@ -89,6 +92,94 @@ def consumer_identity() -> str:
 # -- producing -----------------------------------------------------------------------
 
 
+def enqueue(
+    items: list[QueueItem],
+    using: str,
+    *,
+    max_size: int | None = None,
+    varying: Sequence[str] | None = None,
+) -> list[QueueItem]:
+    """Insert new items of one queue in the caller's transaction, all or none.
+
+    One item with a ``dedup_key`` gives way to its unfinished twin, which is returned in
+    its place. With ``max_size``, the queue's unfinished items are counted under its
+    bound's lock first, and ``QueueFull`` is raised having written nothing when the
+    items do not fit. ``varying``: the only fields whose values differ between the
+    items, if known (the INSERT converts the others once).
+    """
+    if max_size is None:
+        return _insert_new(items, using, varying)
+    # savepoint=False: inside the caller's transaction it adds no query, and outside
+    # one the lock, the count and the insert still share a transaction of their own.
+    with transaction.atomic(using=using, savepoint=False):
+        current = lock_and_count(items[0], using)
+        if current + len(items) <= max_size:
+            return _insert_new(items, using, varying)
+        # A full queue still answers with the unfinished twin: it adds nothing.
+        twin = _dedup_twin(items[0], using) if len(items) == 1 else None
+        if twin is not None:
+            return [twin]
+    # Raised outside the block, which would otherwise doom the caller's transaction.
+    raise QueueFull(items[0], current)
+
+
+def _insert_new(
+    items: list[QueueItem], using: str, varying: Sequence[str] | None
+) -> list[QueueItem]:
+    if len(items) == 1 and items[0].dedup_key is not None:
+        return [insert_unique(items[0], using)]
+    return insert_many(items, using, varying)
+
+
+def _dedup_twin(item: QueueItem, using: str) -> QueueItem | None:
+    if item.dedup_key is None:
+        return None
+    return _twins(item, using).first()
+
+
+def _twins(item: QueueItem, using: str) -> QuerySet[Any]:
+    """The unfinished items of ``item``'s queue holding its dedup_key."""
+    return (
+        type(item)
+        ._default_manager.using(using)
+        .filter(queue=item.queue, active_dedup_key=item.dedup_key)
+    )
+
+
+def lock_and_count(item: QueueItem, using: str) -> int:
+    """Lock the bound row of ``item``'s queue, then count the queue's unfinished items.
+
+    The lock is held until the caller's transaction ends, so the count stays true until
+    its insert commits: producers of this queue take turns, whatever the database. Only
+    enqueues add unfinished items, and they all take this lock first; consumers
+    finishing items only lower the count and need no lock. Lock order is always the
+    bound row, then items; a claim never takes the bound row.
+    """
+    lock_bound(item.queue, using)
+    unfinished = Q(status=Status.READY) | Q(status=Status.IN_PROGRESS)  # each its partial index
+    return int(
+        type(item)._default_manager.using(using).filter(unfinished, queue=item.queue).count()
+    )
+
+
+def lock_bound(queue: str, using: str) -> None:
+    """Create ``queue``'s bound row, or lock it if it exists, in one statement.
+
+    An upsert rather than "SELECT ... FOR UPDATE, INSERT if missing": producers racing
+    to create the row would otherwise hold shared locks on InnoDB (INSERT IGNORE) and
+    deadlock upgrading them, and on SQLite it takes the writer lock at once, before the
+    count.
+    """
+    from .models import QueueBound  # the one model store names: the bound is the queue's own
+
+    QueueBound.objects.using(using).bulk_create(
+        [QueueBound(queue=queue, locked_at=timezone.now())],
+        update_conflicts=True,
+        unique_fields=dialect_for(using).upsert_target(["queue"]),
+        update_fields=["locked_at"],
+    )
+
+
 def insert(item: QueueItem, using: str) -> QueueItem:
     inserts(type(item), using).insert([item])
     return item
@@ -109,23 +200,30 @@ def insert_unique(item: QueueItem, using: str) -> QueueItem:
     The unique index on (queue, active_dedup_key) decides races between producers;
     the savepoint keeps the caller's transaction usable after a conflict.
     """
-    twins = (
-        type(item)
-        ._default_manager.using(using)
-        .filter(queue=item.queue, active_dedup_key=item.dedup_key)
-    )
     for _ in range(DEDUP_INSERT_ATTEMPTS):
         try:
             with transaction.atomic(using=using):
                 return insert(item, using)
         except IntegrityError:
-            holder = twins.first()
+            holder: QueueItem | None = _twins(item, using).first()
             if holder is not None:
                 return holder
     raise IntegrityError(
         f"could not enqueue dedup_key {item.dedup_key!r} on queue {item.queue!r}: "
         "its unfinished twin kept changing"
     )
+
+
+def record_effect(model: type[Model], key: str, using: str) -> bool:
+    """Record the effect ``key`` in the caller's transaction: True if this is its first
+    record, False if one was committed before (``once``). A savepoint of its own, so
+    that a duplicate key leaves the caller's transaction usable."""
+    try:
+        with transaction.atomic(using=using):
+            model._default_manager.using(using).create(key=key)
+    except IntegrityError:
+        return False
+    return True
 
 
 # -- claiming ------------------------------------------------------------------------
@@ -141,27 +239,38 @@ def claim(
 ) -> list[Any]:
     """Move up to ``statement.limit`` ready items to IN_PROGRESS under a new claim.
 
-    ``lease`` None gives each item its queue's ``LEASE``. The strategy is resolved
-    here, once per claim, from the caller's choice, the setting and the database.
-    ``after``: only items that sort after it (``ClaimValues.after``).
+    The strategy and the lease are resolved here, once per claim: the strategy from the
+    caller's choice, the setting and the database; ``lease`` None gives each item its
+    queue's ``LEASE``. ``after``: only items that sort after it (``ClaimValues.after``).
     """
-    values = claim_values(pid, lease, after)
-    connection, dialect = statement.connection, statement.dialect
-    resolved = dialect.resolve_strategy(strategy, connection)
+    values = claim_values(statement, pid, lease, after)
+    vendor = dialect(statement.connection)
+    resolved = vendor.resolve_strategy(strategy, statement.connection)
     items = _retrying_lock_conflicts(
-        lambda: dialect.claim(resolved, statement, values), statement.connection
+        lambda: vendor.claim(resolved, statement, values), statement.connection
     )
     return sort_items(items, statement.order)
 
 
 def claim_values(
-    pid: str | None, lease: float | timedelta | None, after: tuple[Any, ...] | None = None
+    statement: ClaimStatement,
+    pid: str | None,
+    lease: float | timedelta | None,
+    after: tuple[Any, ...] | None = None,
 ) -> ClaimValues:
     """A new claim's pid (the caller's, checked, or this process's), fencing token,
-    lease (None: each item's queue's) and where it starts."""
+    lease and where it starts. The lease is the caller's, else the statement's queue's
+    ``LEASE``; a claim across queues gives each row its queue's (``lease_by_queue``)."""
     validate_pid(pid)
-    duration = None if lease is None else to_timedelta(lease, "lease")
-    return ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration, after)
+    by_queue: dict[str, timedelta] = {}
+    if lease is not None:
+        duration = to_timedelta(lease, "lease")
+    elif statement.queue is not None:
+        duration = conf.lease(statement.queue)  # one queue: no per-row CASE in the claim
+    else:
+        duration = conf.lease()
+        by_queue = conf.lease_overrides() if statement.has_queues else {}
+    return ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration, after, by_queue)
 
 
 def _retrying_lock_conflicts(run: Callable[[], T], connection: BaseDatabaseWrapper) -> T:
@@ -237,8 +346,9 @@ def ack_statement(
         field: Any = model._meta.get_field("result")
         for pk, value in results.items():
             params += [pk, field.get_db_prep_save(value, connection)]
-    params += [*dialect(connection).pk_params(list(results)), int(Status.IN_PROGRESS), claim_token]
-    return ack_sql(model, connection, len(results), with_results), params
+    vendor = dialect(connection)
+    params += [*vendor.pk_params(list(results)), int(Status.IN_PROGRESS), claim_token]
+    return vendor.ack_sql(model, connection, len(results), with_results), params
 
 
 def ack_and_claim(
@@ -255,15 +365,15 @@ def ack_and_claim(
     can (skip_locked: one statement on PostgreSQL, one transaction on MySQL and
     MariaDB), else one after the other. Returns the number acknowledged and the
     claimed items."""
-    connection, dialect = statement.connection, statement.dialect
-    resolved = dialect.resolve_strategy(strategy, connection)
-    if not (results and resolved == "skip_locked" and dialect.acks_while_claiming):
+    vendor = dialect(statement.connection)
+    resolved = vendor.resolve_strategy(strategy, statement.connection)
+    if not (results and resolved == "skip_locked" and vendor.acks_while_claiming):
         acked = ack_many(statement.model, statement.alias, claim_token, results)
         return acked, claim(statement, pid=pid, strategy=resolved, lease=lease, after=after)
-    values = claim_values(pid, lease, after)
+    values = claim_values(statement, pid, lease, after)
     ack = ack_statement(statement.model, statement.alias, claim_token, results)
     acked, items = _retrying_lock_conflicts(
-        lambda: dialect.ack_and_claim(statement, values, ack), statement.connection
+        lambda: vendor.ack_and_claim(statement, values, ack), statement.connection
     )
     return acked, sort_items(items, statement.order)
 

@@ -26,15 +26,16 @@ from typing import Any
 from django.db import Error as DatabaseError
 from django.db import InterfaceError, OperationalError, connections, transaction
 
-from . import conf, outbox, registry, signals, store
+from . import conf, registry, signals, store
 from .api import Queue
+from .claims import Resume
 from .db import dialect_for
 from .exceptions import NotJSONSerializable
 from .liveness import Liveness
 from .memory import forget_queries
 from .models import Consumer, QueueItem
-from .resume import Resume
 from .retry import jittered, next_pause
+from .rotation import Rotation
 from .settle import Outcome, Settler
 from .startup import one_line
 from .validation import check_json
@@ -43,9 +44,6 @@ from .wakeup import Waiter
 logger = logging.getLogger(__name__)
 
 FIRST_IDLE_WAIT = 0.05  # seconds; doubles while idle, up to POLL_INTERVAL
-# Seconds between looks for new queues, when handlers may be found for queues nobody
-# named (Django Tasks with QUEUES = []).
-DISCOVERY_INTERVAL = 5.0
 
 
 @dataclass
@@ -61,8 +59,10 @@ class Worker:
     """Consume ``handlers``' queues from database ``using`` until stopped (or drained).
 
     ``discover``, if given, is asked for a handler for each queue with ready items
-    that has none yet (None: not ours), every few seconds. Every worker also runs the
-    ``on_commit`` calls whose committing process did not (``outbox``).
+    that has none yet (None: not ours), every few seconds (``Rotation``). Every worker
+    also runs the ``on_commit`` calls whose committing process did not (``outbox``).
+    Making one opens nothing: ``run()`` opens its wake-up socket and threads, and closes
+    them when it ends.
     """
 
     def __init__(
@@ -79,8 +79,9 @@ class Worker:
         progress_interval: float = 5.0,
         discover: Callable[[str], registry.Handler | None] | None = None,
     ) -> None:
-        self.handlers = {**handlers, outbox.QUEUE: outbox.run_call}
+        self.rotation = Rotation(handlers, using, discover)
         self.using = using
+        self.concurrency = concurrency
         self.batch = batch or concurrency
         # With several handler threads the next batch is claimed while one runs, so that
         # no thread waits for a claim's round trip; its leases are renewed meanwhile.
@@ -93,46 +94,34 @@ class Worker:
         )
         self.on_progress = on_progress
         self.progress_interval = progress_interval
-        self.discover = discover
         # Its own identity, even beside another Worker in this process: one Consumer row each.
         self.identity = store.new_identity()
         self.stopping = threading.Event()
-        self.queues = {name: Queue(name, using=using) for name in self.handlers}
-        # Where each queue's next claim starts (``resume``), made at its first claim.
+        # Where each queue's next claim starts (``Resume``), made at its first claim.
         self.resumes: dict[str, Resume] = {}
-        # Not woken for on_commit calls: their committing process runs them.
-        self.waiter = Waiter(using, [name for name in self.queues if name != outbox.QUEUE])
         self.settler = Settler(using)
         self.acks_while_claiming = dialect_for(using).acks_while_claiming
         self.in_flight = InFlight()
-        self.threads = HandlerThreads(concurrency, self._run_handlers)
-        self.liveness = Liveness(
-            Consumer(
-                identity=self.identity,
-                host=socket.gethostname(),
-                os_pid=os.getpid(),
-                queues=list(self.queues),
-                wakeup_address=self.waiter.address,
-            ),
-            using,
-            queues=lambda: list(self.queues.values()),
-            held=self.in_flight.held,
-            lease=lease,
-            counters=lambda: (self.processed, self.failed),
-            stopping=self.stopping,
-            on_database_error=self._database_error,
-        )
-        self._next_queue = 0
+        # Made by run(), which closes them: the wake-up socket and the threads.
+        self.waiter: Waiter
+        self.liveness: Liveness
+        self.threads: HandlerThreads
         self._idle_wait = FIRST_IDLE_WAIT
         self._error_backoff = 0.0
-        self._next_discovery = 0.0
-        self._next_outbox = 0.0
         self._last_report = (time.monotonic(), 0)
         # Database errors met by any thread. A restarted server has dropped every
         # connection, the handler threads' idle ones too: a thread that sees this count
         # change checks its own connections before its next item.
         self._database_errors = 0
         self._local = threading.local()
+
+    @property
+    def handlers(self) -> dict[str, registry.Handler]:
+        return self.rotation.handlers
+
+    @property
+    def queues(self) -> dict[str, Queue]:
+        return self.rotation.queues
 
     @property
     def processed(self) -> int:
@@ -144,6 +133,11 @@ class Worker:
 
     def run(self) -> int:
         """Consume until ``stop()`` (or, with ``burst``, until nothing is due). Exit code."""
+        self.waiter = Waiter(self.using, self.rotation.woken_for())
+        if self.stopping.is_set():  # stopped before it had a waiter to interrupt
+            self.waiter.interrupt()
+        self.liveness = self._liveness(self.waiter.address)
+        self.threads = HandlerThreads(self.concurrency, self._run_handlers)
         logger.info(
             "consumer %s started: queues %s, batch %d",
             self.identity,
@@ -169,13 +163,35 @@ class Worker:
     def stop(self) -> None:
         """Stop claiming and shut down gracefully (thread- and signal-safe)."""
         self.stopping.set()
-        self.waiter.interrupt()
+        waiter: Waiter | None = getattr(self, "waiter", None)  # None until run() makes it
+        if waiter is not None:
+            waiter.interrupt()
+
+    def _liveness(self, wakeup_address: str) -> Liveness:
+        consumer = Consumer(
+            identity=self.identity,
+            host=socket.gethostname(),
+            os_pid=os.getpid(),
+            queues=list(self.queues),
+            wakeup_address=wakeup_address,
+        )
+        return Liveness(
+            consumer,
+            self.using,
+            queues=lambda: list(self.queues.values()),
+            held=self.in_flight.held,
+            lease=self.lease,
+            counters=lambda: (self.processed, self.failed),
+            stopping=self.stopping,
+            on_database_error=self._database_error,
+        )
 
     def _turn(self) -> bool:
         """One turn of the loop; False when a burst run has drained its queues."""
         forget_queries()
         self.liveness.start()
-        self._discover_queues()
+        for name in self.rotation.discover_new():
+            self.waiter.queues.add(name)
         # Where it saves a round trip or a commit, the successes' acknowledgement rides
         # with the claim.
         self.in_flight.remove(self.settler.settle(hold=self.acks_while_claiming))
@@ -196,28 +212,13 @@ class Worker:
         return True
 
     def _claim(self, limit: int) -> list[QueueItem]:
-        """Claim from the queues in turn, so that a busy queue cannot starve the others.
-
-        Orphaned on_commit calls are looked for at start, whenever the other queues are
-        idle, and at least every POLL_INTERVAL: not on every turn of a busy loop.
-        """
-        outbox_due = time.monotonic() >= self._next_outbox
-        if outbox_due and (items := self._claim_from(outbox.QUEUE, limit)):
-            return items
-        names = [name for name in self.queues if name != outbox.QUEUE]
-        for offset in range(len(names)):
-            position = (self._next_queue + offset) % len(names)
-            if items := self._claim_from(names[position], limit):
-                self._next_queue = (position + 1) % len(names)
-                return items
-        return [] if outbox_due else self._claim_from(outbox.QUEUE, limit)
+        """Claim from the queues in the rotation's order (``Rotation``)."""
+        return self.rotation.first_to_give(lambda name: self._claim_from(name, limit))
 
     def _claim_from(self, name: str, limit: int) -> list[QueueItem]:
-        if name == outbox.QUEUE:
-            self._next_outbox = time.monotonic() + conf.get("POLL_INTERVAL")
         queue, held = self.queues[name], self.settler.held_ack()
         if name not in self.resumes:
-            self.resumes[name] = Resume(queue)
+            self.resumes[name] = Resume(queue.claims)
         acknowledged, items = self.resumes[name].ack_and_claim(
             *(held or (0, {})), limit, pid=self.identity, strategy=self.strategy, lease=self.lease
         )
@@ -267,17 +268,6 @@ class Worker:
             close_broken_connections(failed_only=True)  # else every later item fails too
         outcome.duration = time.monotonic() - started
         return outcome
-
-    def _discover_queues(self) -> None:
-        if self.discover is None or time.monotonic() < self._next_discovery:
-            return
-        self._next_discovery = time.monotonic() + DISCOVERY_INTERVAL
-        for name in QueueItem.objects.using(self.using).ready_queue_names():
-            if name not in self.queues and (found := self.discover(name)) is not None:
-                logger.info("consuming queue %s", name)
-                self.handlers[name] = found
-                self.queues[name] = Queue(name, using=self.using)
-                self.waiter.queues.add(name)
 
     def _recover(self, exc: DatabaseError) -> None:
         """A lost connection: log, back off (with jitter), reconnect on the next turn.

@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_txqueue import Queue, Status
-from django_txqueue.db import dialect
+from django_txqueue.db import dialect, dialect_for
 from django_txqueue.db.compiler import ClaimStatement
 from django_txqueue.models import Dashboard, QueueItem
 from django_txqueue.store import consumer_identity
@@ -387,7 +387,7 @@ def test_an_acknowledgement_timing_out_in_the_claims_transaction_is_retried_with
     queue.enqueue_many([{}, {}])
     [held] = queue.claim(1)
     with row_held_past_the_lock_wait_timeout(held.pk):
-        acknowledged, claimed = queue.ack_and_claim(held.claim_token, {held.pk: None}, 1)
+        acknowledged, claimed = queue.claims.ack_and_claim(held.claim_token, {held.pk: None}, 1)
     assert acknowledged == 1 and len(claimed) == 1 and claimed[0].pk != held.pk
     assert QueueItem.objects.get(pk=held.pk).status == Status.DONE
 
@@ -538,9 +538,11 @@ def test_the_claim_finds_its_rows_again_without_the_ready_index(db):
         cursor.execute(f"ANALYZE {table}")  # nothing in it
     queue = Queue("stale-statistics")
     queue.enqueue_many([{}] * 3000)
-    statement = queue._claim_statement(10)
-    values = ClaimValues("p", 1, None)
-    sql, params = statement.dialect._claim_statement(statement, values, "FOR UPDATE SKIP LOCKED")
+    statement = queue.claims.statement(10)
+    values = ClaimValues("p", 1, dt.timedelta(seconds=300))
+    sql, params = dialect_for(statement.alias)._claim_statement(
+        statement, values, "FOR UPDATE SKIP LOCKED"
+    )
     with connection.cursor() as cursor:
         cursor.execute(f"EXPLAIN {sql}", params)
         plan = [row[0] for row in cursor.fetchall()]

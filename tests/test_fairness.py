@@ -268,7 +268,7 @@ def test_an_acknowledgement_riding_on_the_next_claim_frees_its_key_for_it(db, st
     queue = Queue("ordered")
     queue.enqueue_many([{"n": n} for n in range(2)], key="a")
     [a0] = queue.claim(1, strategy=strategy)
-    acknowledged, claimed = queue.ack_and_claim(
+    acknowledged, claimed = queue.claims.ack_and_claim(
         a0.claim_token, {a0.pk: None}, 5, strategy=strategy
     )
     assert acknowledged == 1

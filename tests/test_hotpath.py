@@ -224,7 +224,7 @@ class TestAckAndClaim:
         queue.enqueue_many([{"n": n} for n in range(5)])
         first = queue.claim(2)
         results = {first[0].pk: {"sent": True}, first[1].pk: None}
-        acknowledged, second = queue.ack_and_claim(first[0].claim_token, results, 2)
+        acknowledged, second = queue.claims.ack_and_claim(first[0].claim_token, results, 2)
         assert acknowledged == 2
         assert [item.payload["n"] for item in second] == [2, 3]
         assert {item.status for item in second} == {Status.IN_PROGRESS}
@@ -237,7 +237,9 @@ class TestAckAndClaim:
         queue = Queue("hotpath")
         queue.enqueue_many([1, 2])
         (held,) = queue.claim(1)
-        acknowledged, claimed = queue.ack_and_claim(held.claim_token ^ 1, {held.pk: None}, 5)
+        acknowledged, claimed = queue.claims.ack_and_claim(
+            held.claim_token ^ 1, {held.pk: None}, 5
+        )
         assert (acknowledged, len(claimed)) == (0, 1)
         assert QueueItem.objects.get(pk=held.pk).status == Status.IN_PROGRESS
 
@@ -245,7 +247,7 @@ class TestAckAndClaim:
         queue = Queue("hotpath")
         queue.enqueue(1)
         (held,) = queue.claim(1)
-        assert queue.ack_and_claim(held.claim_token, {held.pk: 7}, 10) == (1, [])
+        assert queue.claims.ack_and_claim(held.claim_token, {held.pk: 7}, 10) == (1, [])
         assert QueueItem.objects.get(pk=held.pk).result == 7
 
     def test_each_acknowledgement_rides_with_the_next_claim(self):

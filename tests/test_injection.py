@@ -64,7 +64,7 @@ def test_claims_acknowledgements_and_results(hostile, bystander):
     claimed = queue.claim(2, pid=hostile[:255])
     assert [item.pid for item in claimed] == [hostile[:255]] * 2
     assert claimed[0].ack({hostile: hostile})
-    acknowledged, _ = queue.ack_and_claim(claimed[1].claim_token, {claimed[1].pk: hostile})
+    acknowledged, _ = queue.claims.ack_and_claim(claimed[1].claim_token, {claimed[1].pk: hostile})
     assert acknowledged == 1
     results = {json.dumps(value) for value in queue.items.values_list("result", flat=True)}
     assert results == {json.dumps({hostile: hostile}), json.dumps(hostile)}

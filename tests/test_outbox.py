@@ -101,7 +101,7 @@ class TestBusyConsumers:
         Queue("slow").enqueue_many([{"seconds": 0.05}] * 80)  # 4 s of work, one at a time
         registry.autodiscover()
         worker = Worker(handlers={"slow": registry.handlers()["slow"]}, burst=True)
-        assert QUEUE not in worker.waiter.queues
+        assert QUEUE not in worker.rotation.woken_for()
         thread = threading.Thread(target=worker.run)
         thread.start()
         try:

@@ -18,10 +18,11 @@ from django.db import DatabaseError, NotSupportedError
 
 from .. import conf
 from ..conf import STRATEGIES
+from .rows import has_field, now_sql, quoted_column
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.models import QuerySet
+    from django.db.models import Model, QuerySet
 
     from .compiler import ClaimStatement, ClaimValues
 
@@ -48,6 +49,14 @@ class Dialect:
     # A consumer's claims start after its last claimed item (``ClaimValues.after``), so
     # that they do not read the index entries of the rows claimed before (``resume``).
     resumes_claims: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._ack_sql: dict[tuple[Any, ...], str] = {}
+
+    def upsert_target(self, unique_fields: list[str]) -> list[str] | None:
+        """An upsert's conflict target: the unique fields, or None where the database
+        names none (MySQL's ON DUPLICATE KEY UPDATE takes any unique key)."""
+        return unique_fields
 
     def supports_skip_locked(self, connection: BaseDatabaseWrapper) -> bool:
         """``SELECT ... FOR UPDATE SKIP LOCKED``: PostgreSQL, MySQL 8+, MariaDB 10.6+."""
@@ -90,6 +99,30 @@ class Dialect:
         """Run the acknowledgement ``ack`` (SQL and parameters) and a skip_locked claim
         together; return how many rows ``ack`` changed and the claimed items."""
         raise NotSupportedError(f"{self.vendor} runs acknowledgements on their own")
+
+    @staticmethod
+    def fetch(claim: ClaimStatement, sql: str, params: list[Any]) -> list[Any]:
+        """Run a statement that returns whole rows (``claim.columns()``) and load them."""
+        with claim.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return claim.rows.load(cursor.fetchall())
+
+    def assignments(self, claim: ClaimStatement, values: ClaimValues) -> tuple[str, list[Any]]:
+        """The claim's SET clause (``ClaimStatement.assignments``), its lease from now."""
+        return claim.assignments(values, self.claim_expiry(claim, values))
+
+    def claim_expiry(self, claim: ClaimStatement, values: ClaimValues) -> tuple[str, list[Any]]:
+        """The new ``lease_expires_at``: now plus the claim's lease, or, where its items'
+        queues lease differently (``lease_by_queue``), plus each row's queue's."""
+        expiry = self.lease_expiry(now_sql(claim.connection))
+        default = self.lease_param(values.lease)
+        if not values.lease_by_queue:
+            return expiry, [default]
+        params: list[Any] = []
+        for name, queue_lease in values.lease_by_queue.items():
+            params += [name, self.lease_param(queue_lease)]
+        cases = f"WHEN {claim.column('queue')} = %s THEN {expiry} " * len(values.lease_by_queue)
+        return f"CASE {cases}ELSE {expiry} END", [*params, default]
 
     def lease_expiry(self, now: str) -> str:
         """SQL for ``now`` plus the lease, which is bound as ``lease_param``'s one %s."""
@@ -162,9 +195,27 @@ class Dialect:
         return pks
 
     def ack_sql(
+        self, model: type[Model], connection: BaseDatabaseWrapper, size: int, results: bool
+    ) -> str:
+        """The fenced acknowledgement of ``size`` items of one claim, in one UPDATE, built
+        once per model, size and shape (``ack_update``)."""
+        key = (model, size, results)
+        sql = self._ack_sql.get(key)
+        if sql is None:
+            names = ["pk", "status", "lease_expires_at", "claim_token"]
+            if has_field(model, "result"):
+                names += ["result", "finished_at"]
+            columns = {name: quoted_column(connection, model, name) for name in names}
+            table = connection.ops.quote_name(model._meta.db_table)
+            sql = self._ack_sql[key] = self.ack_update(
+                table, columns, now_sql(connection), size, results
+            )
+        return sql
+
+    def ack_update(
         self, table: str, columns: dict[str, str], now: str, size: int, results: bool
     ) -> str:
-        """The fenced acknowledgement of ``size`` items of one claim, in one UPDATE.
+        """The fenced acknowledgement's UPDATE.
 
         Parameters: DONE, then (pk, result) pairs when ``results``, then ``pk_params`` of
         the pks, then IN_PROGRESS and the claim token: only rows still held by that claim

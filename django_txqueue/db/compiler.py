@@ -1,48 +1,30 @@
-"""Turns a queryset into claim and acknowledgement SQL once, and loads claimed rows.
+"""Turns a queryset into the pieces of its claim SQL once.
 
 Django compiles the claim's candidate SELECT (filters, order, limit) from the queryset;
-the vendor's ``Dialect`` wraps it into its claim statement. Both are cached per claim
-shape, so a consumer's claim costs one statement and no ORM work per call.
+the vendor's ``Dialect`` wraps it into its claim statement. The pieces are cached per
+claim shape, so a consumer's claim costs one statement and no ORM work per call. Only
+SQL that Django writes for every vendor is made here: this module knows no dialect.
 """
 
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import cache, cached_property
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.db import NotSupportedError, connections
 from django.db.models import BooleanField, F, Field, Func, Model
-from django.db.models.base import ModelState
-from django.db.models.functions import Now
-from django.db.models.signals import post_init, pre_init
-from django.db.models.sql.subqueries import UpdateQuery
 from django.db.models.sql.where import AND
 
-from .. import conf
-from ..signals import heard
 from ..status import Status
-from . import dialect
+from .rows import Rows, has_field, now_sql, quoted_column
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import QuerySet
-
-    from .base import Dialect
-
-
-def quoted_column(connection: BaseDatabaseWrapper, model: type[Any], name: str) -> str:
-    """A field's column (``"pk"`` for the primary key), quoted for ``connection``."""
-    field = model._meta.pk if name == "pk" else model._meta.get_field(name)
-    return connection.ops.quote_name(str(field.column))
-
-
-def has_field(model: type[Any], name: str) -> bool:
-    """Whether ``model`` has a concrete field ``name`` (a plain QueueModel lacks QueueItem's
-    queue, result, last_error...)."""
-    return any(field.name == name for field in model._meta.concrete_fields)
 
 
 def claim_order(queryset: QuerySet[Any]) -> tuple[Any, ...]:
@@ -66,14 +48,17 @@ def sort_items(items: list[Any], order: tuple[Any, ...]) -> list[Any]:
 class ClaimValues:
     """What differs between two claims of the same shape.
 
-    ``lease`` None means each item's queue's own ``LEASE``. ``after``: claim only items
-    that sort after these claim-order values (``ClaimStatement.resume_key``).
+    ``lease``: how long the claimed items are held; ``lease_by_queue``, where one claim
+    takes items of several queues, the queues whose ``LEASE`` differs from it (the store
+    resolves both). ``after``: claim only items that sort after these claim-order values
+    (``ClaimStatement.resume_key``).
     """
 
     pid: str
     token: int
-    lease: timedelta | None
+    lease: timedelta
     after: tuple[Any, ...] | None = None
+    lease_by_queue: Mapping[str, timedelta] = field(default_factory=dict)
 
 
 class AfterValue:
@@ -122,30 +107,32 @@ class ClaimStatement:
     """
 
     def __init__(
-        self, queryset: QuerySet[Any], limit: int, *, reads_other_rows: bool = False
+        self,
+        queryset: QuerySet[Any],
+        limit: int,
+        *,
+        queue: str | None = None,
+        reads_other_rows: bool = False,
     ) -> None:
-        """``reads_other_rows``: whether a row is claimable depends on other rows of the
+        """``queue``: the one queue whose items ``queryset`` holds, if it is one.
+        ``reads_other_rows``: whether a row is claimable depends on other rows of the
         table (an ordered queue's earlier and running items of the same key)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be a positive integer, got {limit!r}")
+        self.queue = queue
         self.reads_other_rows = reads_other_rows
         self.queryset = queryset.ready().order_by(*claim_order(queryset))  # type: ignore[attr-defined]
         self.limit = limit
         self.model: type[Model] = queryset.model
         self.alias: str = queryset.db
         self.order = tuple(self.queryset.query.order_by)
+        self.rows = Rows(self.model, self.alias)
         self._candidates: dict[tuple[str, bool, bool], tuple[str, list[Any]]] = {}
-        self._converters: dict[int, list[tuple[int, list[Any], bool]]] = {}
-        self._assignments: str | None = None
         self._where_and_order: dict[bool, tuple[str, str, list[Any]]] = {}
 
     @property
     def connection(self) -> BaseDatabaseWrapper:
         return connections[self.alias]
-
-    @property
-    def dialect(self) -> Dialect:
-        return dialect(self.connection)
 
     def quote(self, name: str) -> str:
         return self.connection.ops.quote_name(name)
@@ -161,26 +148,23 @@ class ClaimStatement:
     def column(self, name: str) -> str:
         return quoted_column(self.connection, self.model, name)
 
-    @cached_property
-    def fields(self) -> list[Any]:
-        return list(self.model._meta.concrete_fields)
-
     def columns(self, *, qualified: bool = True) -> str:
-        """Every column of the model, for RETURNING or a read-back."""
+        """Every column of the model, in ``rows.fields`` order, for RETURNING or a
+        read-back."""
         return self._qualified_columns if qualified else self._columns
 
     @cached_property
     def _columns(self) -> str:
-        return ", ".join(self.quote(str(f.column)) for f in self.fields)
+        return ", ".join(self.quote(str(f.column)) for f in self.rows.fields)
 
     @cached_property
     def _qualified_columns(self) -> str:
-        return ", ".join(f"{self.table}.{self.quote(str(f.column))}" for f in self.fields)
+        return ", ".join(f"{self.table}.{self.quote(str(f.column))}" for f in self.rows.fields)
 
     def candidates(
         self, lock: str = "", *, whole_rows: bool = False, after: tuple[Any, ...] | None = None
     ) -> tuple[str, list[Any]]:
-        """``SELECT pk`` (or every column, in ``fields`` order) of the first ``limit``
+        """``SELECT pk`` (or every column, in ``rows.fields`` order) of the first ``limit``
         ready rows in claim order, plus ``lock``; with ``after``, of those that sort after
         it (``resume_key``)."""
         key = (lock, whole_rows, after is not None)
@@ -253,34 +237,28 @@ class ClaimStatement:
         where, order, params = self._where_and_order[key]
         return where, order, self.bind_after(params, after)
 
-    def assignments(self, values: ClaimValues) -> tuple[str, list[Any]]:
-        """The SET clause: IN_PROGRESS under this claim, attempt counted, lease from now."""
-        if self._assignments is None:
-            attempts = self.column("attempts")
-            self._assignments = (
-                f"{self.column('status')} = %s, {self.column('pid')} = %s, "
-                f"{self.column('claim_token')} = %s, {attempts} = {attempts} + 1, "
-                f"{self.column('claimed_at')} = {now_sql(self.connection)}, "
-                f"{self.column('lease_expires_at')} = "
-            )
-        lease, lease_params = self.lease_expiry(values.lease)
-        params = [int(Status.IN_PROGRESS), values.pid, values.token]
-        return self._assignments + lease, params + lease_params
+    def assignments(
+        self, values: ClaimValues, expiry: tuple[str, list[Any]]
+    ) -> tuple[str, list[Any]]:
+        """The SET clause: IN_PROGRESS under this claim, attempt counted, the lease ending
+        at ``expiry`` (the dialect's SQL and parameters)."""
+        sql, params = expiry
+        return self._claimed_columns + sql, [
+            int(Status.IN_PROGRESS),
+            values.pid,
+            values.token,
+            *params,
+        ]
 
-    def lease_expiry(self, lease: timedelta | None) -> tuple[str, list[Any]]:
-        """The new ``lease_expires_at``: now plus ``lease``, or plus each row's queue's
-        ``LEASE`` (a CASE over the queues that override it) when ``lease`` is None."""
-        dialect = self.dialect
-        expiry = dialect.lease_expiry(now_sql(self.connection))
-        overrides = conf.lease_overrides() if lease is None and self.has_queues else {}
-        default = dialect.lease_param(conf.lease() if lease is None else lease)
-        if not overrides:
-            return expiry, [default]
-        params: list[Any] = []
-        for name, queue_lease in overrides.items():
-            params += [name, dialect.lease_param(queue_lease)]
-        cases = f"WHEN {self.column('queue')} = %s THEN {expiry} " * len(overrides)
-        return f"CASE {cases}ELSE {expiry} END", [*params, default]
+    @cached_property
+    def _claimed_columns(self) -> str:
+        attempts = self.column("attempts")
+        return (
+            f"{self.column('status')} = %s, {self.column('pid')} = %s, "
+            f"{self.column('claim_token')} = %s, {attempts} = {attempts} + 1, "
+            f"{self.column('claimed_at')} = {now_sql(self.connection)}, "
+            f"{self.column('lease_expires_at')} = "
+        )
 
     @cached_property
     def ready_index(self) -> str | None:
@@ -298,139 +276,3 @@ class ClaimStatement:
     @cached_property
     def has_queues(self) -> bool:
         return has_field(self.model, "queue")
-
-    def fetch(self, sql: str, params: list[Any]) -> list[Any]:
-        """Run a statement that returns whole rows (``columns()``) and ``load`` them."""
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return self.load(cursor.fetchall())
-
-    def load(self, rows: list[Any]) -> list[Any]:
-        """Instances of rows of ``columns()``: each column converted as Django converts
-        it, then the instance built directly when nothing could tell that from
-        ``Model.from_db`` (which costs a ``setattr`` per field and two signals per row),
-        else through ``from_db``."""
-        connection = self.connection
-        converters = self.converters(connection)
-        fields = self.fields
-        build = self.build if self.plain else self.from_db
-        items = []
-        for row in rows:
-            values = list(row)
-            for index, functions, keeps_none in converters:
-                if values[index] is None and keeps_none:
-                    continue
-                for convert in functions:
-                    values[index] = convert(values[index], fields[index], connection)
-            items.append(build(values))
-        return items
-
-    def from_db(self, values: list[Any]) -> Any:
-        return self.model.from_db(self.alias, self.attnames, values)
-
-    def build(self, values: list[Any]) -> Any:
-        """The instance ``from_db`` would make: the same ``_state``, first, as in
-        ``Model.__init__``, then each value where ``__init__`` stores it."""
-        state = ModelState()
-        state.adding, state.db = False, self.alias
-        item = object.__new__(self.model)
-        item.__dict__ = {"_state": state}
-        item.__dict__.update(zip(self.attnames, values, strict=True))
-        return item
-
-    @cached_property
-    def attnames(self) -> list[str]:
-        return [field.attname for field in self.fields]
-
-    @property
-    def plain(self) -> bool:
-        return builds_plainly(self.model)
-
-    @staticmethod
-    def mark_claimed(items: list[Any], values: ClaimValues) -> list[Any]:
-        """Give rows read before their claiming UPDATE the values it wrote.
-
-        The times it set by the database clock are left deferred: loaded on first access.
-        """
-        for item in items:
-            # A plain int, as a row read back holds, not the Status member.
-            item.status, item.pid, item.claim_token = (
-                int(Status.IN_PROGRESS),
-                values.pid,
-                values.token,
-            )
-            item.attempts += 1
-            item.__dict__.pop("claimed_at", None)
-            item.__dict__.pop("lease_expires_at", None)
-        return items
-
-    def converters(self, connection: BaseDatabaseWrapper) -> list[tuple[int, list[Any], bool]]:
-        """Django's per-field value converters for this connection, looked up once, and
-        whether they leave NULL as None, so that a NULL needs no call: the backends' own
-        converters and those of Django's fields do (most columns of a claimed row are
-        NULL: its key, result, finish time...); a field of another package may not."""
-        key = id(connection)
-        if key not in self._converters:
-            found = []
-            for index, field in enumerate(self.fields):
-                column = field.get_col(self.model._meta.db_table)
-                own = field.get_db_converters(connection)
-                functions = connection.ops.get_db_converters(column) + own
-                if functions:
-                    keeps_none = not own or type(field).__module__.startswith("django.")
-                    found.append((index, functions, keeps_none))
-            self._converters[key] = found
-        return self._converters[key]
-
-
-def builds_plainly(model: type[Model]) -> bool:
-    """Whether ``Model.from_db`` and ``model(**values)`` come to storing each value in
-    ``__dict__``, so that an instance may be built that way directly: no receiver of
-    ``pre_init`` / ``post_init`` for the model (asked each time, as they may connect
-    later), and, fixed per model, no ``from_db`` or ``__init__`` of its own and no field
-    that intercepts assignment."""
-    return _plain_model(model) and not heard(pre_init, model) and not heard(post_init, model)
-
-
-@cache
-def _plain_model(model: type[Model]) -> bool:
-    return (
-        model.from_db.__func__ is Model.from_db.__func__  # type: ignore[attr-defined]
-        and model.__init__ is Model.__init__
-        and not any(
-            hasattr(getattr(model, field.attname, None), "__set__")
-            for field in model._meta.concrete_fields
-        )
-    )
-
-
-_now_sql: dict[str, str] = {}
-
-
-def now_sql(connection: BaseDatabaseWrapper) -> str:
-    """The database clock as SQL, as Django's ``Now()`` writes it for this vendor."""
-    if connection.vendor not in _now_sql:
-        compiler = UpdateQuery(None).get_compiler(connection=connection)
-        sql, params = compiler.compile(Now())
-        assert not params  # noqa: S101 - Now() takes none
-        _now_sql[connection.vendor] = sql
-    return _now_sql[connection.vendor]
-
-
-_ack_sql: dict[tuple[Any, ...], str] = {}
-
-
-def ack_sql(model: type[Model], connection: BaseDatabaseWrapper, size: int, results: bool) -> str:
-    """The fenced batch acknowledgement (``Dialect.ack_sql``), built once per model,
-    vendor, size and shape."""
-    key = (model, connection.vendor, size, results)
-    if key not in _ack_sql:
-        names = ["pk", "status", "lease_expires_at", "claim_token"]
-        if has_field(model, "result"):
-            names += ["result", "finished_at"]
-        columns = {name: quoted_column(connection, model, name) for name in names}
-        table = connection.ops.quote_name(model._meta.db_table)
-        _ack_sql[key] = dialect(connection).ack_sql(
-            table, columns, now_sql(connection), size, results
-        )
-    return _ack_sql[key]

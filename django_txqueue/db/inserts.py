@@ -22,7 +22,7 @@ from django.db.models.fields import AutoFieldMixin
 from django.db.models.sql import InsertQuery
 
 from . import dialect
-from .compiler import builds_plainly
+from .rows import builds_plainly
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper

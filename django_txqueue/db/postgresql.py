@@ -35,7 +35,7 @@ class PostgreSQL(Dialect):
 
     def claim_skip_locked(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         """Lock the first ready rows nobody else holds and claim them, in one round trip."""
-        return claim.fetch(*self._claim_statement(claim, values, "FOR UPDATE SKIP LOCKED"))
+        return self.fetch(claim, *self._claim_statement(claim, values, "FOR UPDATE SKIP LOCKED"))
 
     def claim_update_limit(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         """Claim the first n ready rows, waiting on locked ones.
@@ -49,7 +49,7 @@ class PostgreSQL(Dialect):
         """
         sql, params = self._claim_statement(claim, values, "FOR UPDATE")
         for _ in range(LOST_RACE_RETRIES):
-            items = claim.fetch(sql, params)
+            items = self.fetch(claim, sql, params)
             if items or not claim.queryset.exists():
                 return items
         return []
@@ -82,7 +82,7 @@ class PostgreSQL(Dialect):
             cursor.execute(sql, ack_params + claim_params)
             rows = cursor.fetchall()
         claimed = [row[1:] for row in rows if row[1] is not None]  # the pk: never NULL
-        return int(rows[0][0]), claim.load(claimed)
+        return int(rows[0][0]), claim.rows.load(claimed)
 
     def lock_sql(self, connection: BaseDatabaseWrapper, name: str) -> tuple[str, str, Any]:
         """A session advisory lock (per database), keyed by a hash of ``name``; a
@@ -90,9 +90,8 @@ class PostgreSQL(Dialect):
         key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
         return "SELECT pg_try_advisory_lock(%s)", "SELECT pg_advisory_unlock(%s)", key
 
-    @staticmethod
     def _claim_statement(
-        claim: ClaimStatement, values: ClaimValues, lock: str
+        self, claim: ClaimStatement, values: ClaimValues, lock: str
     ) -> tuple[str, list[Any]]:
         """Lock the candidates with ``lock`` and claim those still READY, returning them.
 
@@ -101,7 +100,7 @@ class PostgreSQL(Dialect):
         while the table was empty (autovacuum off, or not yet run), the planner looked
         each id up in that index, a scan of all of it per row."""
         candidates, candidate_params = claim.candidates(lock, after=values.after)
-        assignments, assignment_params = claim.assignments(values)
+        assignments, assignment_params = self.assignments(claim, values)
         sql = (
             f"WITH picked ({claim.pk}) AS MATERIALIZED ({candidates}) "
             f"UPDATE {claim.table} SET {assignments} FROM picked "

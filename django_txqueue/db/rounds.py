@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 
 from ..status import Status
-from .compiler import quoted_column
+from .rows import quoted_column
 
 if TYPE_CHECKING:
     from django.db.models import Model

@@ -35,13 +35,13 @@ class SQLite(Dialect):
     def claim_update_limit(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         """Reserve the first n ready rows and return them, atomically, in one statement."""
         candidates, candidate_params = claim.candidates()
-        assignments, assignment_params = claim.assignments(values)
+        assignments, assignment_params = self.assignments(claim, values)
         sql = (
             f"UPDATE {claim.table} SET {assignments} "
             f"WHERE {claim.pk} IN ({candidates}) "
             f"RETURNING {claim.columns(qualified=False)}"
         )
-        return claim.fetch(sql, assignment_params + candidate_params)
+        return self.fetch(claim, sql, assignment_params + candidate_params)
 
     @contextmanager
     def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> Iterator[bool]:

@@ -11,7 +11,7 @@ rate per 30 s: first for MINUTES/5 minutes as a baseline, then for MINUTES (defa
 while another connection holds a REPEATABLE READ snapshot open. The last window is
 compared with the baseline. Uses its own database (``txqueue_bench_xmin``).
 
-Claims go the consumer's way (``resume.Resume``: each starts after the last item
+Claims go the consumer's way (``claims.Resume``: each starts after the last item
 claimed, with a claim from the head at least every second); ``--from-head`` makes every
 claim read the READY index from its head, as ``Queue.claim`` does.
 """
@@ -30,11 +30,11 @@ WINDOW = 30.0
 def churn(seconds: float, from_head: bool) -> list[float]:
     """Claim rates (claims per second of claiming) per WINDOW over ``seconds``."""
     from django_txqueue import Queue, store
+    from django_txqueue.claims import Resume
     from django_txqueue.models import QueueItem
-    from django_txqueue.resume import Resume
 
     queue = Queue("bench-xmin")
-    resume = Resume(queue)
+    resume = Resume(queue.claims)
 
     def claim() -> list[QueueItem]:
         if from_head:

@@ -112,13 +112,7 @@ class Command(BaseCommand):
         # Signals stop the wait for the database too (the supervisor installs its own after).
         stopping = threading.Event() if worker is None else worker.stopping
         self.install_signal_handlers(stopping, stopping.set if worker is None else worker.stop)
-        ready = False
-        try:
-            ready = self.ready(using, stopping, skip_checks=options["skip_checks"])
-        finally:
-            if worker is not None and not ready:
-                worker.waiter.close()  # its wake-up socket, opened when it was made
-        if not ready:
+        if not self.ready(using, stopping, skip_checks=options["skip_checks"]):
             return  # stopped while waiting for the database: exit 0
         if worker is not None:
             code = worker.run()

@@ -10,8 +10,8 @@ import pytest
 from django.db import connection
 
 from django_txqueue import Queue
+from django_txqueue.claims import FULL_CLAIM_EVERY, FULL_CLAIM_SHARE, Resume
 from django_txqueue.db import dialect_for
-from django_txqueue.resume import FULL_CLAIM_EVERY, FULL_CLAIM_SHARE, Resume
 
 resumes = pytest.mark.skipif(
     not dialect_for("default").resumes_claims, reason="SQLite never resumes claims"
@@ -26,7 +26,7 @@ def claim(resume, limit):
 def test_a_claim_resumes_after_the_last_item_and_a_full_claim_comes_in_time(db):
     queue = Queue("resumed")
     queue.enqueue_many([{"n": n} for n in range(6)])
-    resume = Resume(queue)
+    resume = Resume(queue.claims)
     assert claim(resume, 2) == [0, 1]
     queue.enqueue({"n": "urgent"}, priority=-1)  # sorts before the resume point
     assert claim(resume, 2) == [2, 3]
@@ -38,7 +38,7 @@ def test_a_claim_resumes_after_the_last_item_and_a_full_claim_comes_in_time(db):
 def test_a_resumed_claim_that_finds_nothing_reads_from_the_head(db):
     queue = Queue("resumed")
     queue.enqueue_many([{"n": n} for n in range(2)])
-    resume = Resume(queue)
+    resume = Resume(queue.claims)
     first, second = resume.ack_and_claim(0, {}, 2, pid="p")[1]
     assert resume.after() == (0, 0, second.run_at, second.pk)  # round, priority, run_at, id
     assert first.release()  # READY again, behind the resume point
@@ -49,7 +49,7 @@ def test_a_resumed_claim_that_finds_nothing_reads_from_the_head(db):
 def test_after_a_short_claim_the_next_reads_from_the_head(db):
     queue = Queue("resumed")
     queue.enqueue_many([{"n": n} for n in range(3)])
-    resume = Resume(queue)
+    resume = Resume(queue.claims)
     assert claim(resume, 2) == [0, 1]
     assert claim(resume, 2) == [2]  # the tail of the queue
     assert resume.after() is None
@@ -59,7 +59,7 @@ def test_after_a_short_claim_the_next_reads_from_the_head(db):
 def test_a_resumed_claim_is_a_range_scan_starting_at_the_point(db):
     queue = Queue("resumed")
     queue.enqueue_many([{"n": n} for n in range(3000)])
-    resume = Resume(queue)
+    resume = Resume(queue.claims)
     claim(resume, 10)
     ran = []
 
@@ -91,13 +91,13 @@ def test_a_resumed_claim_is_a_range_scan_starting_at_the_point(db):
 
 
 def test_ordered_queues_and_other_databases_never_resume(db):
-    assert Queue("ordered").resume_key is None
+    assert Queue("ordered").claims.resume_key is None
     if not dialect_for("default").resumes_claims:
-        assert Queue("plain").resume_key is None
+        assert Queue("plain").claims.resume_key is None
 
 
 def test_full_claims_come_every_second_or_less_often_when_slow(db):
-    resume = Resume(Queue("plain"))
+    resume = Resume(Queue("plain").claims)
     resume.claimed([], 10, full=True, seconds=0.001)
     assert resume.full_claim_due == pytest.approx(time.monotonic() + FULL_CLAIM_EVERY, abs=0.1)
     resume.claimed([], 10, full=True, seconds=0.2)  # an old snapshot made it slow
