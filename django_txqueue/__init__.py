@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .api import Queue, enqueue, enqueue_many
-    from .effects import once
     from .exceptions import QueueFull
+    from .idempotency import once
     from .models import Consumer, QueueItem, QueueModel, Status
     from .outbox import on_commit
     from .registry import handler
@@ -42,7 +42,7 @@ _HOMES = {
     "Status": "models",
     "handler": "registry",
     "on_commit": "outbox",
-    "once": "effects",
+    "once": "idempotency",
 }
 
 

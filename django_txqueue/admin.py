@@ -44,9 +44,10 @@ from django.utils.timesince import timesince
 
 from . import conf
 from .api import requeue_all_stuck
+from .chart import throughput_chart
 from .db import dialect_for
 from .models import Consumer, Dashboard, QueueItem, QueueItemQuerySet, Status, stuck_condition
-from .monitoring import estimated_count, overview, stuck_items
+from .monitoring import overview, stuck_items
 from .status import FINISHED
 
 # A colour per state; the label is always written too, so the colour is never the only cue.
@@ -115,7 +116,7 @@ class EstimatedCountPaginator(AnyPaginator):
             if rows is not None and rows > self.exact_up_to:
                 return rows
             return queryset.count()
-        return estimated_count(queryset, self.exact_up_to)
+        return dialect_for(queryset.db).estimated_count(queryset, self.exact_up_to)
 
 
 class QueueNameFilter(admin.SimpleListFilter):
@@ -457,11 +458,13 @@ class DashboardAdmin(DashboardModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         items = QueueItem.objects.all()  # on the database the item pages read
+        shown = overview(items, Consumer.objects.using(items.db))
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": "Queue dashboard",
-            "overview": overview(items, Consumer.objects.using(items.db)),
+            "overview": shown,
+            "chart": throughput_chart(shown.minutes),
             "refresh_ms": self.refresh_seconds * 1000,
         }
         if request.GET.get("fragment"):

@@ -21,7 +21,6 @@ from .claims import Claims
 from .db import dialect_for
 from .db.inserts import inserts
 from .models import QueueItem, QueueItemQuerySet, any_status
-from .monitoring import estimated_count
 from .status import Status
 from .validation import (
     INT_RANGE,
@@ -241,7 +240,7 @@ class Queue:
         counts = self.items.order_by().filter(indexed).values("status").annotate(n=Count("pk"))
         by_status = {row["status"]: row["n"] for row in counts}
         done = self.items.filter(status=Status.DONE)
-        by_status[Status.DONE] = estimated_count(done, EXACT_DONE_UP_TO)
+        by_status[Status.DONE] = dialect_for(self.using).estimated_count(done, EXACT_DONE_UP_TO)
         waited = self.items.ready().aggregate(
             age=ExpressionWrapper(Now() - Min("run_at"), output_field=DurationField())
         )["age"]

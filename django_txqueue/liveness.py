@@ -27,7 +27,7 @@ from django.db import DatabaseError, connections
 
 from . import conf, store
 from .api import Queue
-from .memory import forget_queries
+from .logs import forget_queries
 from .models import Consumer, Effect, QueueItem
 
 logger = logging.getLogger(__name__)

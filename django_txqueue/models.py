@@ -184,7 +184,7 @@ def stuck_condition() -> Q:
 
 
 class Effect(models.Model):
-    """The record that an external effect happened: ``effects.once`` writes it in the
+    """The record that an external effect happened: ``idempotency.once`` writes it in the
     transaction of the effect's bookkeeping; the unique key lets only one commit."""
 
     id = models.BigAutoField(primary_key=True)

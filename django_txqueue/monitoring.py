@@ -1,5 +1,5 @@
 """What the admin's monitoring pages show: the dashboard's row per queue and throughput
-of the last hour, and why each stuck item is stuck.
+of the last hour, and why each stuck item is stuck. Data only: ``chart`` draws it.
 
 Each figure comes from one grouped query over all queues (never a query per queue, but
 for the keys of fair and ordered queues), and each query is served by an index: the
@@ -18,11 +18,8 @@ from typing import Any
 from django.db.models import Count, DurationField, ExpressionWrapper, Min, QuerySet
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
 
 from . import conf, fairness
-from .db import dialect_for
 from .models import Consumer, ConsumerQuerySet, QueueItem, QueueItemQuerySet, any_status
 from .status import FINISHED, Status
 
@@ -61,10 +58,6 @@ class Overview:
     minutes: list[Minute]
     consumers: int  # live ones, serving any queue
     generated_at: dt.datetime = field(default_factory=timezone.now)
-
-    @property
-    def chart(self) -> SafeString:
-        return throughput_chart(self.minutes)
 
     @property
     def keyed(self) -> list[QueueRow]:
@@ -197,69 +190,3 @@ def duration(span: dt.timedelta) -> str:
         if len(parts) == 2 or (parts and not seconds):
             break
     return " ".join(parts)
-
-
-# -- the chart ---------------------------------------------------------------------------
-
-WIDTH, HEIGHT, BAR = 600, 120, 10  # viewBox units: 60 bars 10 wide, 8 drawn
-DONE_COLOUR, FAILED_COLOUR = "#16a34a", "#dc2626"
-
-
-def throughput_chart(minutes: list[Minute]) -> SafeString:
-    """Stacked bars, done under failed, one per minute, scaled to the busiest minute; each
-    bar's tooltip gives its numbers, and the figure has a text alternative."""
-    peak = max((m.done + m.failed for m in minutes), default=0)
-    scale = HEIGHT / (peak or 1)
-    bars = []
-    for i, minute in enumerate(minutes):
-        done, failed = minute.done * scale, minute.failed * scale
-        x = i * BAR + 1
-        bars.append(
-            (
-                f"{minute.start:%H:%M} UTC: {minute.done} done, {minute.failed} failed",
-                x,
-                f"{HEIGHT - done:.1f}",
-                f"{done:.1f}",
-                DONE_COLOUR,
-                x,
-                f"{HEIGHT - done - failed:.1f}",
-                f"{failed:.1f}",
-                FAILED_COLOUR,
-            )
-        )
-    body = format_html_join(
-        "",
-        '<g><title>{}</title><rect x="{}" y="{}" width="8" height="{}" fill="{}"/>'
-        '<rect x="{}" y="{}" width="8" height="{}" fill="{}"/></g>',
-        bars,
-    )
-    done = sum(m.done for m in minutes)
-    failed = sum(m.failed for m in minutes)
-    summary = (
-        f"Throughput, last {len(minutes)} minutes: {done} done, {failed} failed; "
-        f"busiest minute {peak}."
-    )
-    return format_html(
-        '<svg id="throughput-chart" role="img" aria-label="{}" viewBox="0 0 {} {}" '
-        'preserveAspectRatio="none" width="100%" height="{}">'
-        '<line x1="0" y1="{}" x2="{}" y2="{}" stroke="#9ca3af"/>{}</svg>',
-        summary,
-        WIDTH,
-        HEIGHT,
-        HEIGHT,
-        HEIGHT,
-        WIDTH,
-        HEIGHT,
-        body,
-    )
-
-
-def estimated_count(queryset: QuerySet[Any], exact_up_to: int) -> int:
-    """How many rows ``queryset`` has, never reading more than ``exact_up_to + 1`` of them:
-    exact up to ``exact_up_to`` (its filters' indexes find them), beyond that the
-    planner's estimate, never below the rows counted (exact again where the database
-    keeps no statistics: SQLite)."""
-    counted = queryset.order_by().values("pk")[: exact_up_to + 1].count()
-    if counted <= exact_up_to:
-        return counted
-    return max(dialect_for(queryset.db).approximate_count(queryset), counted)

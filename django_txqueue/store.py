@@ -393,7 +393,7 @@ def retry(
         wait = to_timedelta(delay, "delay")
     else:
         wait = backoff.backoff(item.attempts, conf.get("RETRY_DELAY"), conf.get("RETRY_MAX_DELAY"))
-    return _settle(
+    return _change_if_held(
         item,
         **UNCLAIMED,
         status=Status.READY,
@@ -406,8 +406,8 @@ def retry(
 def fail(item: QueueModel, error: str | None = None, *, error_class: str = "") -> bool:
     """Mark the item FAILED (keeping ``error`` where the model has room for it)."""
     if not has_field(type(item), "last_error"):
-        return _settle(item, status=Status.FAILED, lease_expires_at=None)
-    return _settle(
+        return _change_if_held(item, status=Status.FAILED, lease_expires_at=None)
+    return _change_if_held(
         item,
         status=Status.FAILED,
         last_error=error or "",
@@ -419,10 +419,10 @@ def fail(item: QueueModel, error: str | None = None, *, error_class: str = "") -
 
 def release(item: QueueModel) -> bool:
     """Put the item back READY without counting the attempt."""
-    return _settle(item, status=Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
+    return _change_if_held(item, status=Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
 
 
-def _settle(item: QueueModel, **changes: Any) -> bool:
+def _change_if_held(item: QueueModel, **changes: Any) -> bool:
     """Apply ``changes`` only if the row is still IN_PROGRESS under this item's claim."""
     if item.claim_token is None or item.status != Status.IN_PROGRESS:
         return False

@@ -28,6 +28,7 @@ from django.db import transaction
 
 from . import conf
 from .db import Listener, dialect_for
+from .logs import one_line
 from .models import Consumer
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class Waiter:
         try:
             self.listener = self.dialect.listen(self.alias)
         except Exception as exc:  # the database is down: poll until it is back
-            logger.warning("LISTEN failed, polling instead: %s", " ".join(str(exc).split()))
+            logger.warning("LISTEN failed, polling instead: %s", one_line(exc))
             self.listener = None
 
     def wait(self, timeout: float) -> bool:

@@ -32,12 +32,11 @@ from .claims import Resume
 from .db import dialect_for
 from .exceptions import NotJSONSerializable
 from .liveness import Liveness
-from .memory import forget_queries
+from .logs import forget_queries, one_line
 from .models import Consumer, QueueItem
 from .retry import jittered, next_pause
 from .rotation import Rotation
 from .settle import Outcome, Settler
-from .startup import one_line
 from .validation import check_json
 from .wakeup import Waiter
 

@@ -139,6 +139,16 @@ class Dialect:
         """Rows ``queryset`` would return, estimated without a scan where possible."""
         return queryset.count()
 
+    def estimated_count(self, queryset: QuerySet[Any], exact_up_to: int) -> int:
+        """How many rows ``queryset`` has, never reading more than ``exact_up_to + 1`` of
+        them: exact up to ``exact_up_to`` (its filters' indexes find them), beyond that
+        the planner's estimate, never below the rows counted (exact again where the
+        database keeps no statistics: SQLite)."""
+        counted = queryset.order_by().values("pk")[: exact_up_to + 1].count()
+        if counted <= exact_up_to:
+            return counted
+        return max(self.approximate_count(queryset), counted)
+
     def table_rows(self, queryset: QuerySet[Any]) -> int | None:
         """The number of rows in ``queryset``'s table from the statistics (no scan), or
         None where the database keeps none; only worth asking of an unfiltered queryset."""

@@ -15,7 +15,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf, registry
-from ...startup import missing_tables, wait_for_database
+from ...readiness import missing_tables, wait_for_database
 from ...supervisor import Supervisor, child_argv
 from ...worker import Progress, Worker
 from .. import default_alias

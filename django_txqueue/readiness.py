@@ -1,4 +1,5 @@
-"""Waiting for the database at start-up, before anything needs it.
+"""Whether a consumer's database is ready: reachable (waited for at start-up, before
+anything needs it) and migrated.
 
 A consumer started while its database is down (a server restart, a failover, a container
 up before its database) must not exit with a traceback: under systemd's ``Restart=`` or
@@ -15,6 +16,7 @@ import threading
 
 from django.db import InterfaceError, OperationalError, connections
 
+from .logs import one_line
 from .retry import jittered, next_pause
 
 logger = logging.getLogger(__name__)
@@ -46,11 +48,6 @@ def wait_for_database(alias: str, stopping: threading.Event, log: logging.Logger
             )
             stopping.wait(jittered(pause))
     return False
-
-
-def one_line(exc: BaseException) -> str:
-    """The error's message on one line (PostgreSQL's span several)."""
-    return " ".join(str(exc).split())
 
 
 def missing_tables(alias: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""Keeping a long-running consumer's memory flat."""
+"""What a long-running consumer logs and keeps of logs: errors on one line, and Django's
+DEBUG query log emptied as it goes, so that its memory stays flat."""
 
 from __future__ import annotations
 
@@ -17,3 +18,8 @@ def forget_queries() -> None:
     for connection in connections.all(initialized_only=True):
         if not connection.force_debug_cursor:
             connection.queries_log.clear()
+
+
+def one_line(exc: BaseException) -> str:
+    """The error's message on one line (PostgreSQL's span several)."""
+    return " ".join(str(exc).split())
