@@ -20,7 +20,7 @@ from . import conf, fairness, store
 from .claims import Claims
 from .db import dialect_for
 from .db.inserts import inserts
-from .models import QueueItem, QueueItemQuerySet, any_status
+from .models import QueueBound, QueueItem, QueueItemQuerySet, any_status
 from .status import Status
 from .validation import (
     INT_RANGE,
@@ -134,9 +134,9 @@ class Queue:
         if fairness.is_fair(self.name):
             fairness.assign_rounds(items, self.using)
             varying = varying and [*varying, "round"]
-        added = store.enqueue(
-            items, self.using, max_size=conf.queue_option(self.name, "MAX_SIZE"), varying=varying
-        )
+        max_size = conf.queue_option(self.name, "MAX_SIZE")
+        bound = None if max_size is None else (max_size, QueueBound)
+        added = store.enqueue(items, self.using, bound=bound, varying=varying)
         wake_local_consumers(self.name, self.using)
         return added
 

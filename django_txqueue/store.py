@@ -96,23 +96,25 @@ def enqueue(
     items: list[QueueItem],
     using: str,
     *,
-    max_size: int | None = None,
+    bound: tuple[int, type[Model]] | None = None,
     varying: Sequence[str] | None = None,
 ) -> list[QueueItem]:
     """Insert new items of one queue in the caller's transaction, all or none.
 
     One item with a ``dedup_key`` gives way to its unfinished twin, which is returned in
-    its place. With ``max_size``, the queue's unfinished items are counted under its
-    bound's lock first, and ``QueueFull`` is raised having written nothing when the
-    items do not fit. ``varying``: the only fields whose values differ between the
-    items, if known (the INSERT converts the others once).
+    its place. With ``bound``, the queue's size limit and the model of its bound row,
+    the queue's unfinished items are counted under that row's lock first, and
+    ``QueueFull`` is raised having written nothing when the items do not fit.
+    ``varying``: the only fields whose values differ between the items, if known (the
+    INSERT converts the others once).
     """
-    if max_size is None:
+    if bound is None:
         return _insert_new(items, using, varying)
     # savepoint=False: inside the caller's transaction it adds no query, and outside
     # one the lock, the count and the insert still share a transaction of their own.
+    max_size, bounds = bound
     with transaction.atomic(using=using, savepoint=False):
-        current = lock_and_count(items[0], using)
+        current = lock_and_count(items[0], bounds, using)
         if current + len(items) <= max_size:
             return _insert_new(items, using, varying)
         # A full queue still answers with the unfinished twin: it adds nothing.
@@ -146,7 +148,7 @@ def _twins(item: QueueItem, using: str) -> QuerySet[Any]:
     )
 
 
-def lock_and_count(item: QueueItem, using: str) -> int:
+def lock_and_count(item: QueueItem, bounds: type[Model], using: str) -> int:
     """Lock the bound row of ``item``'s queue, then count the queue's unfinished items.
 
     The lock is held until the caller's transaction ends, so the count stays true until
@@ -155,25 +157,23 @@ def lock_and_count(item: QueueItem, using: str) -> int:
     finishing items only lower the count and need no lock. Lock order is always the
     bound row, then items; a claim never takes the bound row.
     """
-    lock_bound(item.queue, using)
+    lock_bound(bounds, item.queue, using)
     unfinished = Q(status=Status.READY) | Q(status=Status.IN_PROGRESS)  # each its partial index
     return int(
         type(item)._default_manager.using(using).filter(unfinished, queue=item.queue).count()
     )
 
 
-def lock_bound(queue: str, using: str) -> None:
-    """Create ``queue``'s bound row, or lock it if it exists, in one statement.
+def lock_bound(bounds: type[Model], queue: str, using: str) -> None:
+    """Create ``queue``'s row of ``bounds``, or lock it if it exists, in one statement.
 
     An upsert rather than "SELECT ... FOR UPDATE, INSERT if missing": producers racing
     to create the row would otherwise hold shared locks on InnoDB (INSERT IGNORE) and
     deadlock upgrading them, and on SQLite it takes the writer lock at once, before the
     count.
     """
-    from .models import QueueBound  # the one model store names: the bound is the queue's own
-
-    QueueBound.objects.using(using).bulk_create(
-        [QueueBound(queue=queue, locked_at=timezone.now())],
+    bounds._default_manager.using(using).bulk_create(
+        [bounds(queue=queue, locked_at=timezone.now())],
         update_conflicts=True,
         unique_fields=dialect_for(using).upsert_target(["queue"]),
         update_fields=["locked_at"],
