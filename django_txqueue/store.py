@@ -108,44 +108,32 @@ def enqueue(
     ``varying``: the only fields whose values differ between the items, if known (the
     INSERT converts the others once).
     """
-    if bound is None:
-        return _insert_new(items, using, varying)
-    # savepoint=False: inside the caller's transaction it adds no query, and outside
-    # one the lock, the count and the insert still share a transaction of their own.
-    max_size, bounds = bound
-    with transaction.atomic(using=using, savepoint=False):
-        current = lock_and_count(items[0], bounds, using)
-        if current + len(items) <= max_size:
-            return _insert_new(items, using, varying)
-        # A full queue still answers with the unfinished twin: it adds nothing.
-        twin = _dedup_twin(items[0], using) if len(items) == 1 else None
-        if twin is not None:
-            return [twin]
-    # Raised outside the block, which would otherwise doom the caller's transaction.
-    raise QueueFull(items[0], current)
+    if bound is not None:
+        max_size, bounds = bound
+        # savepoint=False: inside the caller's transaction it adds no query, and outside
+        # one the lock, the count and the insert still share a transaction of their own.
+        with transaction.atomic(using=using, savepoint=False):
+            current = lock_and_count(items[0], bounds, using)
+            if current + len(items) <= max_size:
+                return insert_new(items, using, varying)
+            # A full queue still answers with the unfinished twin: it adds nothing.
+            twin = unfinished_twin(items[0], using) if len(items) == 1 else None
+            if twin is not None:
+                return [twin]
+        # Raised outside the block, which would otherwise doom the caller's transaction.
+        raise QueueFull(items[0], current)
+    return insert_new(items, using, varying)
 
 
-def _insert_new(
-    items: list[QueueItem], using: str, varying: Sequence[str] | None
-) -> list[QueueItem]:
-    if len(items) == 1 and items[0].dedup_key is not None:
-        return [insert_unique(items[0], using)]
-    return insert_many(items, using, varying)
-
-
-def _dedup_twin(item: QueueItem, using: str) -> QueueItem | None:
+def unfinished_twin(item: QueueItem, using: str) -> QueueItem | None:
+    """The unfinished item of ``item``'s queue that holds its dedup_key, if any."""
     if item.dedup_key is None:
         return None
-    return _twins(item, using).first()
-
-
-def _twins(item: QueueItem, using: str) -> QuerySet[Any]:
-    """The unfinished items of ``item``'s queue holding its dedup_key."""
-    return (
-        type(item)
-        ._default_manager.using(using)
-        .filter(queue=item.queue, active_dedup_key=item.dedup_key)
-    )
+    twins = type(item)._default_manager.using(using)
+    found: QueueItem | None = twins.filter(
+        queue=item.queue, active_dedup_key=item.dedup_key
+    ).first()
+    return found
 
 
 def lock_and_count(item: QueueItem, bounds: type[Model], using: str) -> int:
@@ -158,10 +146,10 @@ def lock_and_count(item: QueueItem, bounds: type[Model], using: str) -> int:
     bound row, then items; a claim never takes the bound row.
     """
     lock_bound(bounds, item.queue, using)
-    unfinished = Q(status=Status.READY) | Q(status=Status.IN_PROGRESS)  # each its partial index
-    return int(
-        type(item)._default_manager.using(using).filter(unfinished, queue=item.queue).count()
-    )
+    # An OR of equalities, which PostgreSQL matches to the partial indexes (not so IN).
+    unfinished = Q(status=Status.READY) | Q(status=Status.IN_PROGRESS)
+    items = type(item)._default_manager.using(using).filter(unfinished, queue=item.queue)
+    return int(items.count())
 
 
 def lock_bound(bounds: type[Model], queue: str, using: str) -> None:
@@ -178,6 +166,15 @@ def lock_bound(bounds: type[Model], queue: str, using: str) -> None:
         unique_fields=dialect_for(using).upsert_target(["queue"]),
         update_fields=["locked_at"],
     )
+
+
+def insert_new(
+    items: list[QueueItem], using: str, varying: Sequence[str] | None = None
+) -> list[QueueItem]:
+    """Insert the items: one with a dedup_key gives way to its unfinished twin."""
+    if len(items) == 1 and items[0].dedup_key is not None:
+        return [insert_unique(items[0], using)]
+    return insert_many(items, using, varying)
 
 
 def insert(item: QueueItem, using: str) -> QueueItem:
@@ -205,7 +202,7 @@ def insert_unique(item: QueueItem, using: str) -> QueueItem:
             with transaction.atomic(using=using):
                 return insert(item, using)
         except IntegrityError:
-            holder: QueueItem | None = _twins(item, using).first()
+            holder = unfinished_twin(item, using)
             if holder is not None:
                 return holder
     raise IntegrityError(
