@@ -12,36 +12,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-import traceback
-from dataclasses import dataclass
 from typing import Any
 
 from . import signals, store
+from .execution import Outcome
 from .models import QueueItem
 from .status import Status
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Outcome:
-    """What running one item's handler came to."""
-
-    item: QueueItem
-    result: Any = None
-    error: str | None = None
-    error_class: str = ""
-    retry: bool = True
-    duration: float = 0.0
-    # None: the settler acknowledges a success. True or False: an atomic handler's own
-    # transaction did, or was refused (the claim was taken over; its writes rolled back).
-    acknowledged: bool | None = None
-
-    def failed(self, exc: BaseException, *, retry: bool = True) -> None:
-        cls = type(exc)
-        self.error = "".join(traceback.format_exception(exc))
-        self.error_class = f"{cls.__module__}.{cls.__qualname__}"
-        self.retry = retry
 
 
 def results(group: list[Outcome]) -> dict[Any, Any]:

@@ -21,23 +21,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from django.db import Error as DatabaseError
-from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db import InterfaceError, OperationalError, connections
 
 from . import conf, registry, signals, store
 from .api import Queue
 from .claims import Resume
 from .db import dialect_for
-from .exceptions import NotJSONSerializable
+from .execution import Outcome, close_broken_connections, close_if_broken, run_handler
 from .liveness import Liveness
 from .logs import forget_queries, one_line
 from .models import Consumer, QueueItem
 from .retry import jittered, next_pause
 from .rotation import Rotation
-from .settle import Outcome, Settler
-from .validation import check_json
+from .settle import Settler
 from .wakeup import Waiter
 
 logger = logging.getLogger(__name__)
@@ -244,29 +242,12 @@ class Worker:
         outcomes = []
         for item in items:
             if self.in_flight.start(item):  # False: released by a shutdown meanwhile
-                outcomes.append(self._run_handler(item))
+                outcomes.append(run_handler(self.handlers[item.queue], item))
             if self.stopping.is_set() and outcomes:  # stopping: report each as it ends
                 self.settler.put(outcomes)
                 outcomes = []
         if outcomes:
             self.settler.put(outcomes)  # the share at once: one acknowledgement
-
-    def _run_handler(self, item: QueueItem) -> Outcome:
-        started = time.monotonic()
-        outcome = Outcome(item)
-        handle = self.handlers[item.queue]
-        try:
-            if registry.is_atomic(item.queue):
-                outcome.result, outcome.acknowledged = run_atomic(handle, item)
-            else:
-                outcome.result = checked_result(handle(item), item)
-        except NotJSONSerializable as exc:
-            outcome.failed(exc, retry=False)  # running it again would return the same
-        except BaseException as exc:  # SystemExit or KeyboardInterrupt too: the item's failure
-            outcome.failed(exc)
-            close_broken_connections(failed_only=True)  # else every later item fails too
-        outcome.duration = time.monotonic() - started
-        return outcome
 
     def _recover(self, exc: DatabaseError) -> None:
         """A lost connection: log, back off (with jitter), reconnect on the next turn.
@@ -416,53 +397,3 @@ class HandlerThreads:
         """Let each thread finish its current work, then end."""
         for _ in self.threads:
             self.pending.put(None)
-
-
-def checked_result(result: Any, item: QueueItem) -> Any:
-    if result is not None:  # None, the usual result, needs no trial serialisation
-        check_json(result, f"the result of the {item.queue!r} handler", NotJSONSerializable)
-    return result
-
-
-def run_atomic(handle: registry.Handler, item: QueueItem) -> tuple[Any, bool]:
-    """Run ``handle`` in a transaction that ends with the item's fenced acknowledgement.
-
-    Returns the result and whether the acknowledgement was accepted. Refused (the claim
-    was taken over after its lease ran out), the handler's writes roll back with it; an
-    exception rolls them back too, and the item is retried as usual.
-    """
-    alias = item._state.db or "default"
-    with transaction.atomic(using=alias):
-        result = checked_result(handle(item), item)
-        token = item.claim_token or 0
-        acknowledged = store.ack_many(QueueItem, alias, token, {item.pk: result}) == 1
-        if not acknowledged:
-            transaction.set_rollback(True, using=alias)
-    if acknowledged:
-        store.mark_done(item, result)
-    else:
-        logger.warning(
-            "%s #%s: its claim was taken over; the atomic handler's writes are rolled back",
-            item.queue,
-            item.pk,
-        )
-    return result, acknowledged
-
-
-def close_if_broken(alias: str) -> None:
-    """Drop this thread's connection if it can no longer be used; Django reconnects on
-    next use."""
-    connection = connections[alias]
-    try:
-        if connection.connection is not None and not connection.is_usable():
-            connection.close()
-    except DatabaseError:
-        connection.connection = None
-
-
-def close_broken_connections(failed_only: bool = False) -> None:
-    """``close_if_broken`` for each connection this thread has opened; with ``failed_only``,
-    only for those that have raised an error (no round trip for the others)."""
-    for connection in connections.all(initialized_only=True):
-        if not failed_only or connection.errors_occurred:
-            close_if_broken(connection.alias)

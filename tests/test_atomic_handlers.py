@@ -5,10 +5,10 @@ consumers running such a handler."""
 import pytest
 
 from django_txqueue import Queue, Status, registry
+from django_txqueue.execution import Outcome, run_atomic
 from django_txqueue.models import QueueItem
 from django_txqueue.registry import handler
-from django_txqueue.settle import Outcome, Settler
-from django_txqueue.worker import run_atomic
+from django_txqueue.settle import Settler
 from tests.helpers import expire
 from tests.testapp.models import Run
 

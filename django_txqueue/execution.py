@@ -1,0 +1,114 @@
+"""Running one item's handler, and what it came to (``Outcome``).
+
+A handler runs as it is, or, registered with ``atomic=True``, in a transaction that ends
+with the item's fenced acknowledgement. Whatever it raises is the item's failure, not
+the consumer's: ``SystemExit`` and ``KeyboardInterrupt`` too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import Error as DatabaseError
+from django.db import connections, transaction
+
+from . import registry, store
+from .exceptions import NotJSONSerializable
+from .models import QueueItem
+from .validation import check_json
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """What running one item's handler came to."""
+
+    item: QueueItem
+    result: Any = None
+    error: str | None = None
+    error_class: str = ""
+    retry: bool = True
+    duration: float = 0.0
+    # None: the settler acknowledges a success. True or False: an atomic handler's own
+    # transaction did, or was refused (the claim was taken over; its writes rolled back).
+    acknowledged: bool | None = None
+
+    def failed(self, exc: BaseException, *, retry: bool = True) -> None:
+        cls = type(exc)
+        self.error = "".join(traceback.format_exception(exc))
+        self.error_class = f"{cls.__module__}.{cls.__qualname__}"
+        self.retry = retry
+
+
+def run_handler(handle: registry.Handler, item: QueueItem) -> Outcome:
+    """Run ``handle`` on ``item`` (in a transaction of its own if its queue's handler is
+    atomic) and return what it came to."""
+    started = time.monotonic()
+    outcome = Outcome(item)
+    try:
+        if registry.is_atomic(item.queue):
+            outcome.result, outcome.acknowledged = run_atomic(handle, item)
+        else:
+            outcome.result = checked_result(handle(item), item)
+    except NotJSONSerializable as exc:
+        outcome.failed(exc, retry=False)  # running it again would return the same
+    except BaseException as exc:  # SystemExit or KeyboardInterrupt too: the item's failure
+        outcome.failed(exc)
+        close_broken_connections(failed_only=True)  # else every later item fails too
+    outcome.duration = time.monotonic() - started
+    return outcome
+
+
+def checked_result(result: Any, item: QueueItem) -> Any:
+    if result is not None:  # None, the usual result, needs no trial serialisation
+        check_json(result, f"the result of the {item.queue!r} handler", NotJSONSerializable)
+    return result
+
+
+def run_atomic(handle: registry.Handler, item: QueueItem) -> tuple[Any, bool]:
+    """Run ``handle`` in a transaction that ends with the item's fenced acknowledgement.
+
+    Returns the result and whether the acknowledgement was accepted. Refused (the claim
+    was taken over after its lease ran out), the handler's writes roll back with it; an
+    exception rolls them back too, and the item is retried as usual.
+    """
+    alias = item._state.db or "default"
+    with transaction.atomic(using=alias):
+        result = checked_result(handle(item), item)
+        token = item.claim_token or 0
+        acknowledged = store.ack_many(QueueItem, alias, token, {item.pk: result}) == 1
+        if not acknowledged:
+            transaction.set_rollback(True, using=alias)
+    if acknowledged:
+        store.mark_done(item, result)
+    else:
+        logger.warning(
+            "%s #%s: its claim was taken over; the atomic handler's writes are rolled back",
+            item.queue,
+            item.pk,
+        )
+    return result, acknowledged
+
+
+def close_if_broken(alias: str) -> None:
+    """Drop this thread's connection if it can no longer be used; Django reconnects on
+    next use."""
+    connection = connections[alias]
+    try:
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
+    except DatabaseError:
+        connection.connection = None
+
+
+def close_broken_connections(failed_only: bool = False) -> None:
+    """``close_if_broken`` for each connection this thread has opened; with ``failed_only``,
+    only for those that have raised an error (no round trip for the others)."""
+    for connection in connections.all(initialized_only=True):
+        if not failed_only or connection.errors_occurred:
+            close_if_broken(connection.alias)
