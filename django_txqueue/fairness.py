@@ -1,15 +1,15 @@
-"""Fair queues and ordered groups (DESIGN section 8; seeds 000 and 002).
+"""Fair queues and ordered groups: the round a new item joins, the items a claim may take.
 
 **Fair** (``FAIR``): each item gets a round when it is enqueued, and claims serve the
 rounds in order (within one, the usual priority, run_at, id order). A key's item goes
 into the round after the last one served if the key has nothing waiting, else into the
 round after its newest waiting item's. Round N thus holds the N-th waiting item of every
-key: seed 002's "snapshot of the heads", taken ahead of time, delivered oldest head
-first; an item pushed while a snapshot is served goes into the next one. A key with
-10,000 waiting items holds rounds N to N+9,999, and a key that pushes one item
-meanwhile gets round N+1: it waits one round at most.
+key: a snapshot of every key's head, taken ahead of time, delivered oldest head first;
+an item pushed while a snapshot is served goes into the next one. A key with 10,000
+waiting items holds rounds N to N+9,999, and a key that pushes one item meanwhile gets
+round N+1: it waits one round at most.
 
-The round comes from a plain read, with no lock and no counter row (seed 000), so
+The round comes from a plain read (``db/rounds.py``), with no lock and no counter row, so
 producers never wait for each other. Two that read at once may put two items of one key
 into the same round; the id orders them.
 
@@ -88,8 +88,8 @@ def in_key_order(items: QuerySet[QueueItem], limit: int) -> QuerySet[QueueItem]:
 
 
 def key_stats(waiting: QuerySet[QueueItem]) -> dict[str, Any]:
-    """Seed 002's count and deref for a queue's waiting items: how many keys have some,
-    and the ``TOP_KEYS`` with the most, as ``[[key, count], ...]``."""
+    """A queue's waiting items by key: how many keys have some, and the ``TOP_KEYS`` with
+    the most, as ``[[key, count], ...]``."""
     per_key = waiting.order_by().values("key").annotate(n=Count("pk"))
     counts = sorted(((row["n"], row["key"]) for row in per_key), key=lambda r: (-r[0], r[1] or ""))
     return {
