@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import Model, QuerySet
 
+    from .db.base import Dialect
     from .models import Consumer, QueueItem, QueueModel
 
 T = TypeVar("T")
@@ -244,7 +245,7 @@ def claim(
     vendor = dialect(statement.connection)
     resolved = vendor.resolve_strategy(strategy, statement.connection)
     items = _retrying_lock_conflicts(
-        lambda: vendor.claim(resolved, statement, values), statement.connection
+        lambda: vendor.claim(resolved, statement, values), statement.connection, vendor
     )
     return sort_items(items, statement.order)
 
@@ -270,7 +271,9 @@ def claim_values(
     return ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration, after, by_queue)
 
 
-def _retrying_lock_conflicts(run: Callable[[], T], connection: BaseDatabaseWrapper) -> T:
+def _retrying_lock_conflicts(
+    run: Callable[[], T], connection: BaseDatabaseWrapper, vendor: Dialect
+) -> T:
     """Run ``run``, retrying the vendor's transient lock errors with a short jittered pause.
 
     Inside the caller's transaction the failed statement may have rolled the whole
@@ -281,7 +284,7 @@ def _retrying_lock_conflicts(run: Callable[[], T], connection: BaseDatabaseWrapp
         try:
             return run()
         except OperationalError as exc:
-            if not owns_transaction or not dialect(connection).is_transient(exc):
+            if not owns_transaction or not vendor.is_transient(exc):
                 raise
             time.sleep(random.uniform(0.005, 0.02) * 2**attempt)
     return run()
@@ -328,7 +331,7 @@ def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any
 
     # InnoDB may pick an acknowledgement as a deadlock's victim (against an update_limit
     # claim, which locks as it reads): fenced, it is safe to run again.
-    return _retrying_lock_conflicts(run, connection)
+    return _retrying_lock_conflicts(run, connection, dialect(connection))
 
 
 def ack_statement(
@@ -370,7 +373,7 @@ def ack_and_claim(
     values = claim_values(statement, pid, lease, after)
     ack = ack_statement(statement.model, statement.alias, claim_token, results)
     acked, items = _retrying_lock_conflicts(
-        lambda: vendor.ack_and_claim(statement, values, ack), statement.connection
+        lambda: vendor.ack_and_claim(statement, values, ack), statement.connection, vendor
     )
     return acked, sort_items(items, statement.order)
 
