@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 from django.db import router, transaction
@@ -77,11 +78,15 @@ class Queue:
         self.using: str = (
             using or conf.queue_option(self.name, "DATABASE") or router.db_for_write(QueueItem)
         )
-        # The claim path: statements compiled once per batch size, where claims resume.
-        self.claims = Claims(self.name, self.items)
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, using={self.using!r})"
+
+    @cached_property
+    def claims(self) -> Claims:
+        """The claim path: statements compiled once per batch size, where claims resume
+        (made on first use: an enqueue needs none of it)."""
+        return Claims(self.name, self.items)
 
     @property
     def items(self) -> QueueItemQuerySet:
