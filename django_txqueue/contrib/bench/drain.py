@@ -14,9 +14,10 @@ from typing import Any
 from django.db import connections
 from django.db.models import Count
 
-from ..models import QueueItem
-from ..status import Status
-from . import Target
+from django_txqueue.models import QueueItem
+from django_txqueue.status import Status
+
+from ..target import Target
 from .raw import RawQueue
 from .report import Progress, percent
 
@@ -55,7 +56,7 @@ def verify_exactly_once(target: Target, expected: int, processed: int) -> list[s
 
 
 def consume_with_worker(target: Target, batch: int, strategy: str) -> tuple[int, str]:
-    from ..worker import Worker
+    from django_txqueue.worker import Worker
 
     worker = Worker(
         handlers={target.queue: handle},

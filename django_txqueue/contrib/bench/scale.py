@@ -12,9 +12,10 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from ..models import QueueItem
-from ..status import Status
-from . import Target
+from django_txqueue.models import QueueItem
+from django_txqueue.status import Status
+
+from ..target import Target
 from .raw import RawQueue
 from .report import Progress, percent
 
@@ -66,7 +67,7 @@ def clear(target: Target, progress: Progress) -> None:
 
 def claim_rate(target: Target, claims: int) -> tuple[float, int]:
     """Items per second one consumer claims and settles until it has done ``claims``."""
-    from ..worker import Worker
+    from django_txqueue.worker import Worker
 
     counter = itertools.count(1)
 

@@ -17,10 +17,11 @@ from typing import Any
 from django.db import connections, transaction
 from django.test.utils import override_settings
 
-from .. import conf
-from ..api import Queue
-from ..status import Status
-from . import Target
+from django_txqueue import conf
+from django_txqueue.api import Queue
+from django_txqueue.status import Status
+
+from ..target import Target
 from .enqueue import timed
 from .raw import RawQueue
 from .report import Progress, percent

@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any
 
-from . import prepare_database
+from .database import prepare_database
 from .rss import rss_mb
 
 VENDOR = os.environ.get("TXQUEUE_TEST_DB", "sqlite")

@@ -1,8 +1,6 @@
-"""``manage.py txqueue_bench``: the workloads, each beside a hand-written baseline.
+"""Where a tool's run works: one database alias and one queue name of its own.
 
-One module per concern: ``raw`` (the hand-written SQL queue on a raw driver connection),
-``enqueue``, ``drain``, ``wakeup``, ``scale`` and ``report`` (progress, table, JSON).
-Everything reads and writes only the rows of one queue name (``Target.queue``), so a
+``txqueue_bench`` and ``txqueue_chaos`` read and write only the rows of that queue, so a
 run never touches real items of the same table.
 """
 
@@ -13,9 +11,9 @@ from typing import TYPE_CHECKING
 
 from django.db import connections, transaction
 
-from ..api import Queue
-from ..db import dialect
-from ..models import Consumer, QueueItem
+from django_txqueue.api import Queue
+from django_txqueue.db import dialect
+from django_txqueue.models import Consumer, QueueItem
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper

@@ -9,8 +9,9 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from ..api import Queue
-from . import Target
+from django_txqueue.api import Queue
+
+from ..target import Target
 from .raw import RawQueue
 from .report import Progress, percent
 

@@ -7,11 +7,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...bench import Target
-from ...bench.report import Progress
-from ...chaos.run import Options, RestartFailed, run
-from .. import own_queue
-from .txqueue_bench import database_name
+from django_txqueue.contrib.bench.management.commands.txqueue_bench import database_name
+from django_txqueue.contrib.bench.report import Progress
+from django_txqueue.contrib.chaos.run import Options, RestartFailed, run
+from django_txqueue.contrib.target import Target
+from django_txqueue.management import own_queue
 
 SAFE_WORDS = ("test", "staging")
 

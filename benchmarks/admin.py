@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import prepare_database
+from .database import prepare_database
 
 VENDOR = os.environ.get("TXQUEUE_TEST_DB", "postgresql")
 DB_NAME = "txqueue_bench_admin"

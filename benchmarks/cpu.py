@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Callable
 
-from . import prepare_database
+from .database import prepare_database
 
 VENDOR = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
 ENQUEUES = 2000

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from . import prepare_database
+from .database import prepare_database
 
 WINDOW = 30.0
 

@@ -1,7 +1,7 @@
 """A consumer process of ``txqueue_chaos``: ``run_queue_consumer`` on the chaos queue,
 whose handler records each run in ``ChaosRun``.
 
-    python -m django_txqueue.chaos.consumer QUEUE
+    python -m django_txqueue.contrib.chaos.consumer QUEUE
 
 Started by the command with the project's settings module and, in
 ``TXQUEUE_CHAOS_SETTINGS``, the short leases and intervals it wants (merged into
@@ -25,7 +25,7 @@ HOLD_SECONDS = 0.02
 def record(item: Any) -> None:
     from django.utils import timezone
 
-    from ..models import ChaosRun
+    from .models import ChaosRun
 
     run = ChaosRun.objects.create(
         queue=item.queue,
@@ -45,7 +45,7 @@ def main(queue: str) -> None:
     from django.core.management import call_command
     from django.test.utils import override_settings
 
-    from .. import conf, registry
+    from django_txqueue import conf, registry
 
     registry.handler(queue)(record)
     settings = conf.user_settings()

@@ -22,8 +22,9 @@ from typing import Any
 
 from django.db import connections
 
-from ..status import Status
-from . import Target
+from django_txqueue.status import Status
+
+from ..target import Target
 
 # The columns without a database default that an INSERT must give, beyond the queue.
 INSERT_COLUMNS = (

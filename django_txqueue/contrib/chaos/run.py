@@ -28,10 +28,12 @@ from typing import Any
 from django.db import connections
 from django.utils import timezone
 
-from ..api import Queue
-from ..models import ChaosRun, QueueItem
-from ..models import Consumer as ConsumerRow
-from ..status import Status
+from django_txqueue.api import Queue
+from django_txqueue.models import Consumer as ConsumerRow
+from django_txqueue.models import QueueItem
+from django_txqueue.status import Status
+
+from .models import ChaosRun
 from .verify import History, Run, audit
 
 STALE_ITEMS = 5
@@ -89,7 +91,7 @@ class Consumers:
             self.start()
 
     def start(self) -> None:
-        command = [sys.executable, "-m", "django_txqueue.chaos.consumer", self.queue]
+        command = [sys.executable, "-m", "django_txqueue.contrib.chaos.consumer", self.queue]
         output = None if self.verbose else subprocess.DEVNULL  # rescues log to stderr
         self.running.append(
             subprocess.Popen(  # noqa: S603

@@ -8,10 +8,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_txqueue import Queue, Status
-from django_txqueue.chaos.verify import History, Run, audit
-from django_txqueue.models import ChaosRun
-
-from .helpers import child_env
+from django_txqueue.contrib.chaos.models import ChaosRun
+from django_txqueue.contrib.chaos.verify import History, Run, audit
+from tests.helpers import child_env
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -82,7 +81,8 @@ def test_time_the_database_was_down_does_not_count_against_a_rescue():
 
 def test_refuses_a_database_whose_name_has_neither_test_nor_staging(monkeypatch):
     monkeypatch.setattr(
-        "django_txqueue.management.commands.txqueue_chaos.database_name", lambda target: "prod"
+        "django_txqueue.contrib.chaos.management.commands.txqueue_chaos.database_name",
+        lambda target: "prod",
     )
     with pytest.raises(CommandError, match="Refusing to run on database 'prod'"):
         call_command("txqueue_chaos")

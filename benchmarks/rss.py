@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from . import prepare_database
+from .database import prepare_database
 
 VENDOR = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
 

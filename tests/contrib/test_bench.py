@@ -9,10 +9,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from django_txqueue import Queue, Status
-from django_txqueue.bench import Target, drain
+from django_txqueue.contrib.bench import drain
+from django_txqueue.contrib.target import Target
 from django_txqueue.models import Consumer, QueueItem
-
-from .helpers import strategies
+from tests.helpers import strategies
 
 SMALL = [
     "--items", "200", "--batch", "1", "10", "--processes", "2",
@@ -176,7 +176,7 @@ def test_a_table_and_progress_lines_without_json():
 
 
 def test_help_lists_every_option():
-    from django_txqueue.management.commands.txqueue_bench import Command
+    from django_txqueue.contrib.bench.management.commands.txqueue_bench import Command
 
     text = Command().create_parser("manage.py", "txqueue_bench").format_help()
     for option in ("--compare-raw", "--json", "--processes", "--scale-rows", "--yes"):

@@ -1,6 +1,6 @@
 """``manage.py txqueue_bench``: enqueue, drain, wake-up and backlog-scale figures on the
 configured database, optionally beside a hand-written SQL queue (``--compare-raw``).
-The workloads live in ``django_txqueue.bench``; this parses, checks and prints."""
+The workloads live in ``django_txqueue.contrib.bench``; this parses, checks and prints."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...bench import Target, drain, enqueue, fair, scale, wakeup
-from ...bench.report import Progress, table
-from .. import own_queue
+from django_txqueue.contrib.bench import drain, enqueue, fair, scale, wakeup
+from django_txqueue.contrib.bench.report import Progress, table
+from django_txqueue.contrib.target import Target
+from django_txqueue.management import own_queue
 
 PARTS = ("enqueue", "drain", "wakeup", "scale", "fair")
 # "fair" (fair and bounded queues against plain ones) runs when asked for.

@@ -18,11 +18,12 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from .. import wakeup as local_wakeup
-from ..api import Queue
-from ..models import Consumer, QueueItem
-from ..status import Status
-from . import Target
+from django_txqueue import wakeup as local_wakeup
+from django_txqueue.api import Queue
+from django_txqueue.models import Consumer, QueueItem
+from django_txqueue.status import Status
+
+from ..target import Target
 from .raw import claim_statements, wakeup_baseline_label, wakeup_round_trips
 from .report import Progress, latency, percent
 
@@ -42,7 +43,7 @@ def started_at(item: QueueItem) -> float:
 
 def consume(target: Target) -> None:
     """The forked consumer: runs until SIGTERM."""
-    from ..worker import Worker
+    from django_txqueue.worker import Worker
 
     worker = Worker(handlers={target.queue: started_at}, using=target.alias)
     signal.signal(signal.SIGTERM, lambda signum, frame: worker.stop())
