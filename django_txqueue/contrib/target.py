@@ -1,19 +1,20 @@
 """Where a tool's run works: one database alias and one queue name of its own.
 
 ``txqueue_bench`` and ``txqueue_chaos`` read and write only the rows of that queue, so a
-run never touches real items of the same table.
+run never touches real items of the same table; they change them only through the
+queue's public API and ``django_txqueue.store``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from django.db import connections, transaction
 
-from django_txqueue.api import Queue
+from django_txqueue import Consumer, Queue, QueueItem, store
 from django_txqueue.db import dialect
-from django_txqueue.models import Consumer, QueueItem
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -34,20 +35,17 @@ class Target:
         return connections[self.alias]
 
     @property
-    def vendor(self) -> str:
-        return str(self.connection.vendor)
-
-    @property
-    def table(self) -> str:
-        """The items table's name, quoted for this database's SQL."""
-        return str(self.connection.ops.quote_name(QueueItem._meta.db_table))
+    def database_name(self) -> str:
+        """The database's name, as a person judges it: on SQLite the file's name, whose
+        directories say nothing of the database (other databases' names have no "/")."""
+        return Path(str(self.connection.settings_dict["NAME"])).name
 
     def items(self) -> QuerySet[QueueItem]:
         return QueueItem.objects.using(self.alias).filter(queue=self.queue)
 
     def clear(self) -> None:
         """Delete this queue's items (and nothing else)."""
-        self.items().delete()
+        store.delete_all(self.items())
 
     def fill(self, count: int) -> None:
         """``count`` READY items ``{"n": n}``, enqueued the ordinary way."""
@@ -59,25 +57,13 @@ class Target:
                 )
 
     def analyze(self) -> None:
-        """Fresh planner statistics (and, on PostgreSQL, dead rows of earlier rounds gone),
-        so that every round starts from the same kind of table."""
-        statement = {
-            "postgresql": "VACUUM ANALYZE {}",
-            "mysql": "ANALYZE TABLE {}",
-            "sqlite": "ANALYZE {}",
-        }[self.vendor].format(self.table)
-        with self.connection.cursor() as cursor:
-            cursor.execute(statement)
-            if self.vendor == "mysql":
-                cursor.fetchall()
-            if self.vendor == "sqlite":
-                # Copy a big fill out of the write-ahead log now, not in the middle of a
-                # measurement (the commit that crosses the auto-checkpoint size does it).
-                cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        """Fresh planner statistics for the items table (and, on PostgreSQL, the dead rows
+        of earlier rounds gone), so that every round starts from the same kind of table."""
+        dialect(self.connection).analyze(self.items())
 
     def forget_consumers(self, identities: list[str]) -> None:
-        """Delete the Consumer rows the bench's own consumers left behind."""
-        Consumer.objects.using(self.alias).filter(identity__in=identities).delete()
+        """Delete the Consumer rows the run's own consumers left behind."""
+        store.delete_consumers(Consumer.objects.using(self.alias).filter(identity__in=identities))
 
     def strategies(self) -> list[str]:
         """The claim strategies this database runs."""

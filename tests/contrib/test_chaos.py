@@ -6,6 +6,7 @@ import json
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from django_txqueue import Queue, Status
 from django_txqueue.contrib.chaos.models import ChaosRun
@@ -80,10 +81,8 @@ def test_time_the_database_was_down_does_not_count_against_a_rescue():
 
 
 def test_refuses_a_database_whose_name_has_neither_test_nor_staging(monkeypatch):
-    monkeypatch.setattr(
-        "django_txqueue.contrib.chaos.management.commands.txqueue_chaos.database_name",
-        lambda target: "prod",
-    )
+    # No database access is allowed here: the refusal comes before any query.
+    monkeypatch.setitem(connection.settings_dict, "NAME", "prod")
     with pytest.raises(CommandError, match="Refusing to run on database 'prod'"):
         call_command("txqueue_chaos")
 

@@ -14,12 +14,12 @@ from typing import Any
 from django.db import connections
 from django.db.models import Count
 
-from django_txqueue.models import QueueItem
-from django_txqueue.status import Status
+from django_txqueue import QueueItem, Status
 
+from ..progress import Progress
 from ..target import Target
 from .raw import RawQueue
-from .report import Progress, percent
+from .report import percent
 
 CHILD_TIMEOUT = 600.0  # seconds a drain may take before the bench gives up on it
 

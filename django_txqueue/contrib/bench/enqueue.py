@@ -9,11 +9,12 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from django_txqueue.api import Queue
+from django_txqueue import Queue
 
+from ..progress import Progress
 from ..target import Target
 from .raw import RawQueue
-from .report import Progress, percent
+from .report import percent
 
 MANY = 1000  # items per enqueue_many call and per multi-row INSERT
 

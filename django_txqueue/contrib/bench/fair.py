@@ -17,14 +17,13 @@ from typing import Any
 from django.db import connections, transaction
 from django.test.utils import override_settings
 
-from django_txqueue import conf
-from django_txqueue.api import Queue
-from django_txqueue.status import Status
+from django_txqueue import Queue, Status, conf
 
+from ..progress import Progress
 from ..target import Target
 from .enqueue import timed
 from .raw import RawQueue
-from .report import Progress, percent
+from .report import percent
 from .scale import BASE_READY, claim_rate, clear
 
 ITEMS_PER_KEY = 100

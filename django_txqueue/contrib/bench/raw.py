@@ -2,6 +2,12 @@
 (psycopg, MySQLdb or sqlite3), no Django in the loop. It is the ceiling each figure of
 ours is compared with.
 
+The one module outside ``django_txqueue.db`` with SQL of each vendor, and on purpose: a
+baseline written through the queue's own dialects would measure them against
+themselves. So it is what a DBA would write by hand for each database, statements and
+vendor branches in full, and it writes the queue's table directly (its own queue name
+only), as the figure it stands for would. The rest of the bench uses the queue's API.
+
 Connection parameters come from Django's own (``get_connection_params()``), so the raw
 connection opens exactly the database the command was pointed at. Every statement takes
 the queue name, statuses and counts as parameters; only the table and index names (from
@@ -22,7 +28,8 @@ from typing import Any
 
 from django.db import connections
 
-from django_txqueue.status import Status
+from django_txqueue import QueueItem, Status
+from django_txqueue.db import dialect
 
 from ..target import Target
 
@@ -72,11 +79,12 @@ class RawQueue:
     """The minimal queue a DBA would write by hand for ``target``'s table and queue."""
 
     def __init__(self, target: Target) -> None:
+        quote = target.connection.ops.quote_name
         self.target = target
-        self.vendor = target.vendor
-        self.table = target.table
+        self.vendor = target.connection.vendor
+        self.table = quote(QueueItem._meta.db_table)
         self.queue = target.queue
-        self.index = target.connection.ops.quote_name(READY_INDEX)
+        self.index = quote(READY_INDEX)
         self.db = connect(target.alias)
         self.cursor = self.db.cursor()
         self.mark = "?" if self.vendor == "sqlite" else "%s"
@@ -374,12 +382,13 @@ def claim_statements(target: Target, rounds: int, warm_up: int, gap: float) -> l
 
 
 def wakeup_round_trips(target: Target, rounds: int, warm_up: int, gap: float) -> list[float]:
-    if target.vendor == "postgresql":
+    """The bare round trips of the way our consumers are woken on ``target``'s database."""
+    if dialect(target.connection).has_notify:
         return notify_round_trips(target.alias, rounds, warm_up, gap)
     return datagram_round_trips(target.alias, rounds, warm_up, gap)
 
 
-def wakeup_baseline_label(vendor: str) -> str:
-    if vendor == "postgresql":
+def wakeup_baseline_label(target: Target) -> str:
+    if dialect(target.connection).has_notify:
         return "bare LISTEN/NOTIFY round trip"
     return "bare loopback UDP round trip + SELECT 1"

@@ -6,52 +6,32 @@ database itself (``RawQueue.insert_generated``), then analyzed."""
 from __future__ import annotations
 
 import itertools
-import re
 import time
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import connections
 
-from django_txqueue.models import QueueItem
-from django_txqueue.status import Status
+from django_txqueue import QueueItem, Status
+from django_txqueue.db import dialect
 
+from ..progress import Progress
 from ..target import Target
 from .raw import RawQueue
-from .report import Progress, percent
+from .report import percent
 
 BASE_READY = 10_000
 BATCH = 10
-
-
 PURGE_TIMEOUT = 300.0  # seconds
-TRX_COUNTER = re.compile(r"Trx id counter (\d+)")
-PURGED_BELOW = re.compile(r"Purge done for trx's n:o < (\d+)")
-
-
-def innodb_status(target: Target) -> tuple[int, int] | None:
-    """InnoDB's next transaction id and the id below which its purge is done, from
-    SHOW ENGINE INNODB STATUS; None elsewhere, or without the PROCESS privilege."""
-    if target.vendor != "mysql":
-        return None
-    try:
-        with target.connection.cursor() as cursor:
-            cursor.execute("SHOW ENGINE INNODB STATUS")
-            text = str(cursor.fetchone()[-1])
-    except DatabaseError:
-        return None
-    counter, purged = TRX_COUNTER.search(text), PURGED_BELOW.search(text)
-    if counter is None or purged is None:
-        return None
-    return int(counter.group(1)), int(purged.group(1))
 
 
 def clear(target: Target, progress: Progress) -> None:
-    """Delete the backlog, then, on MySQL/MariaDB, wait for InnoDB to purge it: until
-    then its delete-marked index entries slow claims down (those in the READY range are
-    read past by every claim) and the purge competes for the CPU. PostgreSQL's
-    equivalent, VACUUM, runs in ``Target.analyze``."""
+    """Delete the backlog, then, where the server purges deleted rows in the background
+    (InnoDB), wait for it: until then their delete-marked index entries slow claims down
+    (those in the READY range are read past by every claim) and the purge competes for
+    the CPU. PostgreSQL's equivalent, VACUUM, runs in ``Target.analyze``."""
     target.clear()
-    status = innodb_status(target)
+    purge = dialect(target.connection).purge_progress
+    status = purge(target.connection)
     if status is None:
         return
     deleted_before = status[0]
@@ -62,7 +42,7 @@ def clear(target: Target, progress: Progress) -> None:
             break
         progress.tick("scale: waiting for InnoDB to purge the deleted rows")
         time.sleep(0.5)
-        status = innodb_status(target)
+        status = purge(target.connection)
 
 
 def claim_rate(target: Target, claims: int) -> tuple[float, int]:

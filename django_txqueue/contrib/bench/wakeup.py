@@ -18,14 +18,13 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from django_txqueue import Consumer, Queue, QueueItem, Status
 from django_txqueue import wakeup as local_wakeup
-from django_txqueue.api import Queue
-from django_txqueue.models import Consumer, QueueItem
-from django_txqueue.status import Status
 
+from ..progress import Progress
 from ..target import Target
 from .raw import claim_statements, wakeup_baseline_label, wakeup_round_trips
-from .report import Progress, latency, percent
+from .report import latency, percent
 
 GAP = 0.020  # seconds between items, and between baseline rounds
 WARM_UP = 5  # uncounted items or rounds before each measurement
@@ -160,7 +159,7 @@ def run(
     target.clear()
     baseline = claim = None
     if compare_raw:
-        progress.phase(f"wake-up: {wakeup_baseline_label(target.vendor)}")
+        progress.phase(f"wake-up: {wakeup_baseline_label(target)}")
         baseline = latency(wakeup_round_trips(target, items, WARM_UP, GAP))
         progress.phase("wake-up: hand-written claim statements")
         claim = latency(claim_statements(target, items, WARM_UP, GAP))
@@ -171,7 +170,7 @@ def run(
         "latency": ours,
         "cold_start": latency(cold),
         "baseline": baseline,
-        "baseline_label": wakeup_baseline_label(target.vendor),
+        "baseline_label": wakeup_baseline_label(target),
         "claim_statement": claim,
         "percent": percent(ours["p50_ms"], baseline["p50_ms"]) if ours and baseline else None,
         "idle_cpu_percent": idle_cpu,

@@ -45,9 +45,9 @@ def main(queue: str) -> None:
     from django.core.management import call_command
     from django.test.utils import override_settings
 
-    from django_txqueue import conf, registry
+    from django_txqueue import conf, handler
 
-    registry.handler(queue)(record)
+    handler(queue)(record)
     settings = conf.user_settings()
     overrides = json.loads(os.environ.get("TXQUEUE_CHAOS_SETTINGS", "{}"))
     queues = {**settings.get("QUEUES", {}), **overrides.pop("QUEUES", {})}

@@ -28,10 +28,8 @@ from typing import Any
 from django.db import connections
 from django.utils import timezone
 
-from django_txqueue.api import Queue
-from django_txqueue.models import Consumer as ConsumerRow
-from django_txqueue.models import QueueItem
-from django_txqueue.status import Status
+from django_txqueue import Consumer as ConsumerRow
+from django_txqueue import Queue, QueueItem, Status, store
 
 from .models import ChaosRun
 from .verify import History, Run, audit
@@ -154,7 +152,7 @@ def run(options: Options, progress: Callable[[str], None]) -> dict[str, Any]:
     rng = random.Random(options.seed)  # noqa: S311 - a reproducible schedule, not secrecy
     queue = Queue(options.queue, using=options.alias)
     runs = ChaosRun.objects.using(options.alias).filter(queue=options.queue)
-    queue.items.delete()
+    store.delete_all(queue.items)
     runs.delete()
     for start in range(0, options.items, 1000):
         queue.enqueue_many([{"n": n} for n in range(start, min(start + 1000, options.items))])

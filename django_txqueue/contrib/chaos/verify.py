@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django_txqueue.status import Status
+from django_txqueue import Status
 
 
 @dataclass

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
-from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_txqueue.contrib.bench import drain, enqueue, fair, scale, wakeup
-from django_txqueue.contrib.bench.report import Progress, table
+from django_txqueue.contrib.bench.report import table
+from django_txqueue.contrib.progress import Progress
 from django_txqueue.contrib.target import Target
 from django_txqueue.management import own_queue
 
@@ -199,15 +198,10 @@ class Command(BaseCommand):
             raise CommandError(f"verification failed: {len(problems)} problem(s), listed above")
 
 
-def database_name(target: Target) -> str:
-    name = str(target.connection.settings_dict["NAME"])
-    return Path(name).name if target.vendor == "sqlite" else name
-
-
 def check_safe_name(target: Target, yes: bool) -> None:
     """Refuse a database that does not look like a test, bench or staging one, unless
     told to run anyway."""
-    name = database_name(target)
+    name = target.database_name
     if yes or any(word in name.lower() for word in SAFE_WORDS):
         return
     raise CommandError(
@@ -219,19 +213,13 @@ def check_safe_name(target: Target, yes: bool) -> None:
 
 def describe(target: Target) -> dict[str, Any]:
     """Where and on what the figures were taken."""
-    if target.vendor == "sqlite":
-        version = sqlite3.sqlite_version
-    else:
-        statement = "SHOW server_version" if target.vendor == "postgresql" else "SELECT VERSION()"
-        with target.connection.cursor() as cursor:
-            cursor.execute(statement)
-            version = str(cursor.fetchone()[0]).split()[0]
+    version = target.connection.get_database_version()
     return {
         "database": {
             "alias": target.alias,
             "vendor": target.connection.display_name,
-            "version": version,
-            "name": database_name(target),
+            "version": ".".join(str(part) for part in version),
+            "name": target.database_name,
         },
         "queue": target.queue,
         "cpus": os.cpu_count(),

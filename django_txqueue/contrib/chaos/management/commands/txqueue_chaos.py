@@ -7,9 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_txqueue.contrib.bench.management.commands.txqueue_bench import database_name
-from django_txqueue.contrib.bench.report import Progress
 from django_txqueue.contrib.chaos.run import Options, RestartFailed, run
+from django_txqueue.contrib.progress import Progress
 from django_txqueue.contrib.target import Target
 from django_txqueue.management import own_queue
 
@@ -54,7 +53,7 @@ class Command(BaseCommand):
             raise CommandError("--consumers must be at least 2: one is killed, one stopped")
         if not options["lease"] > 0:
             raise CommandError("--lease must be a positive number of seconds")
-        name = database_name(Target(alias, queue))
+        name = Target(alias, queue).database_name
         if not options["yes"] and not any(word in name.lower() for word in SAFE_WORDS):
             raise CommandError(
                 f"Refusing to run on database {name!r}: its name has neither 'test' nor "
