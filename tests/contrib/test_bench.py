@@ -43,6 +43,13 @@ def test_refuses_a_database_whose_name_is_not_test_bench_or_staging(monkeypatch)
         call_command("txqueue_bench", "--json")
 
 
+def test_of_a_database_path_only_the_files_name_counts(monkeypatch):
+    # SQLite's NAME is a path: a directory named "tests" makes no test database.
+    monkeypatch.setitem(connection.settings_dict, "NAME", "/srv/tests/production.sqlite3")
+    with pytest.raises(CommandError, match=r"'production.sqlite3'.*--yes"):
+        call_command("txqueue_bench", "--json")
+
+
 def test_rejects_unknown_parts():
     with pytest.raises(CommandError, match="--only takes"):
         call_command("txqueue_bench", "--only", "drain,nap")
