@@ -1,7 +1,7 @@
 """The admin at scale: fill the queue table with ROWS items and time every admin page.
 
     PYTHONPATH=. DJANGO_SETTINGS_MODULE=tests.settings TXQUEUE_TEST_DB=postgresql \\
-        python -m tests.bench.admin [ROWS] [--keep] [-v]
+        python -m benchmarks.admin [ROWS] [--keep] [-v]
 
 Issue 13: with 1,000,000 items (99% DONE, the rest READY / IN_PROGRESS, some of them stuck /
 FAILED, over 20 queues) every page, filter and search answers in under 300 ms. The table is

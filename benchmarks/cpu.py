@@ -1,7 +1,7 @@
 """CPU per item, in this process, for enqueue and for a consumer's drain.
 
     PYTHONPATH=. DJANGO_SETTINGS_MODULE=tests.settings TXQUEUE_TEST_DB=postgresql \\
-        python -m tests.bench.cpu
+        python -m benchmarks.cpu
 
 The rates of ``manage.py txqueue_bench`` include the server and the other processes; these
 are the Python costs alone (``time.process_time``, best of 5 runs):

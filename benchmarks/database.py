@@ -1,8 +1,6 @@
-"""The admin benchmark (``python -m tests.bench.admin``), run by hand, never by pytest.
-
-The queue's own workloads (enqueue, drain, wake-up, backlog scale) are
-``manage.py txqueue_bench`` (django_txqueue/bench). These print a table and assert
-nothing, so a noisy machine cannot fail a build.
+"""The database of a benchmark script (``python -m benchmarks.admin`` and its
+neighbours), run by hand, never by pytest: its own, so a run never touches the test
+database. The scripts print a table and assert nothing a noisy machine could fail.
 """
 
 import os

@@ -1,7 +1,7 @@
 """A consumer's memory over a long drain: RSS of one ``run_queue_consumer`` process.
 
     PYTHONPATH=. DJANGO_SETTINGS_MODULE=tests.settings TXQUEUE_TEST_DB=postgresql \\
-        python -m tests.bench.rss [ITEMS]
+        python -m benchmarks.rss [ITEMS]
 
 Fills ITEMS (default 100,000) items on the ``noop`` queue, drains them with one consumer
 process (one handler thread, batch 10, ``--burst``) and samples its VmRSS (Linux /proc)

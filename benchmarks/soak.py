@@ -1,7 +1,7 @@
 """The soak: steady enqueue and drain for a long while, consumers restarted every few minutes.
 
     PYTHONPATH=. DJANGO_SETTINGS_MODULE=tests.settings TXQUEUE_TEST_DB=postgresql \\
-        python -m tests.bench.soak [--minutes 30] [--rate 200] [--consumers 2] \\
+        python -m benchmarks.soak [--minutes 30] [--rate 200] [--consumers 2] \\
         [--restart-every 180] [--json PATH]
 
 A producer thread enqueues ``--rate`` items a second on the ``soak`` queue, one per

@@ -1,7 +1,7 @@
 """Claims while another transaction holds back PostgreSQL's xmin horizon.
 
     PYTHONPATH=. DJANGO_SETTINGS_MODULE=tests.settings TXQUEUE_TEST_DB=postgresql \\
-        python -m tests.bench.xmin [MINUTES]
+        python -m benchmarks.xmin [MINUTES]
 
 Every SKIP LOCKED queue leaves dead row versions behind (each item is inserted, claimed and
 acknowledged: three versions). While any transaction keeps an old snapshot open, VACUUM
