@@ -39,6 +39,7 @@ STALE_LEASE = 1.0  # seconds
 # The consumers' settings: short leases and intervals, so that a run takes seconds.
 HEARTBEAT, CONSUMER_TIMEOUT, RESCUE_INTERVAL = 0.5, 2.0, 0.5
 DRAIN_TIMEOUT = 300.0  # seconds for the last items after the last round
+STARTUP_TIMEOUT = 30.0  # seconds a consumer process may take to come up
 
 
 class RestartFailed(Exception):
@@ -120,19 +121,21 @@ class Consumers:
             victim.kill()
             self.sigterm_exits.append(-9)
 
+    def up(self) -> list[subprocess.Popen[bytes]]:
+        """The running consumers that are up: their Consumer row says so, written after
+        their signal handlers are installed. One still starting has none yet, and a
+        SIGTERM ends it with Python's default, -15."""
+        live = set(
+            ConsumerRow.objects.using(self.alias)
+            .filter(os_pid__in=[p.pid for p in self.running], stopped_at__isnull=True)
+            .values_list("os_pid", flat=True)
+        )
+        return [process for process in self.running if process.pid in live]
+
     def terminate_one(self, rng: random.Random) -> None:
-        """SIGTERM a consumer that is up (its Consumer row says so): one still starting
-        has no signal handlers yet, and Python's default ends it with -15."""
-        deadline = time.monotonic() + 30
-        while True:
-            up = set(
-                ConsumerRow.objects.using(self.alias)
-                .filter(os_pid__in=[p.pid for p in self.running], stopped_at__isnull=True)
-                .values_list("os_pid", flat=True)
-            )
-            ready = [process for process in self.running if process.pid in up]
-            if ready or time.monotonic() > deadline:
-                break
+        """SIGTERM a consumer that is up, and start a replacement."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not (ready := self.up()) and time.monotonic() < deadline:
             time.sleep(0.1)
         victim = rng.choice(ready or self.running)
         self.running.remove(victim)
@@ -140,6 +143,14 @@ class Consumers:
         self.start()
 
     def stop(self) -> None:
+        """SIGTERM every consumer, each once it is up: the drain can end while the last
+        replacement is still starting."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            up = self.up()
+            if all(process in up or process.poll() is not None for process in self.running):
+                break
+            time.sleep(0.1)
         while self.running:
             self.terminate(self.running.pop())
 
