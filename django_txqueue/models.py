@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
 __all__ = [
-    "ChaosRun",
     "Consumer",
     "Dashboard",
     "Effect",
@@ -196,25 +195,6 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return self.key
-
-
-class ChaosRun(models.Model):
-    """One handler run on ``txqueue_chaos``'s queue: the item, the claim it ran under, the
-    consumer, and when it started and finished (None: its consumer died first)."""
-
-    id = models.BigAutoField(primary_key=True)
-    queue = models.CharField(max_length=MAX_QUEUE_NAME)
-    item_id = models.BigIntegerField(db_index=True)
-    claim_token = models.BigIntegerField()
-    consumer = models.CharField(max_length=255)
-    started_at = models.DateTimeField()
-    finished_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        verbose_name = "chaos run"
-
-    def __str__(self) -> str:
-        return f"run of {self.item_id}"
 
 
 class QueueBound(models.Model):

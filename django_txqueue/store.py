@@ -527,6 +527,15 @@ def delete_finished(items: QuerySet[Any]) -> int:
     return int(items.order_by().filter(status__in=FINISHED).delete()[0])
 
 
+def delete_all(items: QuerySet[Any]) -> int:
+    """Delete ``items`` whatever their status, claimed ones included; returns how many.
+
+    For a queue of a tool's own that it empties before and after a run (``txqueue_bench``,
+    ``txqueue_chaos``): a consumer still holding one of these items would find it gone.
+    """
+    return int(items.order_by().delete()[0])
+
+
 def release_lost(
     model: type[Model], alias: str, pid: str, held: Iterable[Any], claimed_before: timedelta
 ) -> int:
@@ -604,6 +613,12 @@ def beat(consumer: Consumer, *, processed: int, failed: int, queues: list[str]) 
 def stop(consumer: Consumer, *, processed: int, failed: int) -> None:
     """Mark the consumer stopped: its unfinished items are stuck from now on."""
     _consumer_row(consumer).update(stopped_at=Now(), processed=processed, failed=failed)
+
+
+def delete_consumers(consumers: QuerySet[Any]) -> int:
+    """Delete the rows of ``consumers``, stopped ones a tool ran for a while and that
+    nobody needs to tell from live ones afterwards; returns how many."""
+    return int(consumers.order_by().delete()[0])
 
 
 def _consumer_row(consumer: Consumer) -> QuerySet[Any]:

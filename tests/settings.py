@@ -19,6 +19,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django_txqueue",
+    # The optional apps, so that their commands and table are tested too.
+    "django_txqueue.contrib.bench",
+    "django_txqueue.contrib.chaos",
     "tests.testapp",
 ]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

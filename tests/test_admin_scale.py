@@ -1,4 +1,4 @@
-"""The admin at scale, as far as a test can show it (tests/bench/admin.py times a million
+"""The admin at scale, as far as a test can show it (benchmarks/admin.py times a million
 rows): a changelist's query count does not grow with its rows, the unfiltered list is
 counted from the statistics on PostgreSQL and MariaDB, filtered ones exactly, and the
 queue filter offers exactly the queues present."""

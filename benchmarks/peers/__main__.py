@@ -37,7 +37,7 @@ def recreate_database() -> None:
 
 def measure(module_name: str, items: int, processes: int, samples: int) -> dict[str, Any]:
     """One system's row; a system that cannot be imported or run gets its error instead."""
-    from django_txqueue.bench.report import latency
+    from django_txqueue.contrib.bench.report import latency
 
     row: dict[str, Any] = {"system": module_name.rstrip("_").replace("_", "-"), "error": None}
     try:

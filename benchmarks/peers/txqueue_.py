@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 
 from django_txqueue import wakeup as local_wakeup
-from django_txqueue.bench import Target
-from django_txqueue.bench import drain as bench_drain
-from django_txqueue.bench import wakeup as bench_wakeup
-from django_txqueue.bench.report import Progress
+from django_txqueue.contrib.bench import drain as bench_drain
+from django_txqueue.contrib.bench import wakeup as bench_wakeup
+from django_txqueue.contrib.progress import Progress
+from django_txqueue.contrib.target import Target
 
 from .common import WARM_UP, Drained
 

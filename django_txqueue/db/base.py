@@ -159,6 +159,19 @@ class Dialect:
         index is led by the field (a loose index scan), which the vendors may override."""
         return list(queryset.order_by(field).values_list(field, flat=True).distinct())
 
+    def analyze(self, queryset: QuerySet[Any]) -> None:
+        """Fresh planner statistics for ``queryset``'s table, and the table as a quiet
+        while would leave it: for measurements that must each start from the same kind of
+        table (``txqueue_bench``), never on a consumer's path."""
+        raise NotImplementedError
+
+    def purge_progress(self, connection: BaseDatabaseWrapper) -> tuple[int, int] | None:
+        """Where the server's background removal of deleted rows stands: its next
+        transaction id and the id below which the removal is done. None where deleted
+        rows need no waiting for (their removal is ``analyze``'s or immediate), or when
+        the server does not say."""
+        return None
+
     @contextmanager
     def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> Iterator[bool]:
         """Take the lock ``name``, one holder per database across processes and hosts, if

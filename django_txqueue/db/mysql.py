@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 
 # ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
 TRANSIENT_ERRORS = {1213, 1205}
+# SHOW ENGINE INNODB STATUS: the next transaction id, and how far the purge has come.
+TRX_COUNTER = re.compile(r"Trx id counter (\d+)")
+PURGED_BELOW = re.compile(r"Purge done for trx's n:o < (\d+)")
 
 
 @contextlib.contextmanager
@@ -204,6 +208,29 @@ class MySQL(Dialect):
             )
             row = cursor.fetchone()
         return int(row[0]) if row and row[0] is not None else None
+
+    def analyze(self, queryset: QuerySet[Any]) -> None:
+        """ANALYZE TABLE (whose result rows must be read before the next statement)."""
+        connection = connections[queryset.db]
+        table = connection.ops.quote_name(queryset.model._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE TABLE {table}")
+            cursor.fetchall()
+
+    def purge_progress(self, connection: BaseDatabaseWrapper) -> tuple[int, int] | None:
+        """InnoDB keeps a deleted row's index entries, delete-marked, until its purge
+        thread removes them: claims read past those in the READY range meanwhile. From
+        SHOW ENGINE INNODB STATUS, which needs the PROCESS privilege (None without)."""
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW ENGINE INNODB STATUS")
+                text = str(cursor.fetchone()[-1])
+        except DatabaseError:
+            return None
+        counter, purged = TRX_COUNTER.search(text), PURGED_BELOW.search(text)
+        if counter is None or purged is None:
+            return None
+        return int(counter.group(1)), int(purged.group(1))
 
     def approximate_count(self, queryset: QuerySet[Any]) -> int:
         """InnoDB's row estimate for ``queryset`` from EXPLAIN (index dives, no scan)."""

@@ -158,6 +158,14 @@ class PostgreSQL(Dialect):
             row = cursor.fetchone()
         return int(row[0]) if row and row[0] is not None and row[0] >= 0 else None
 
+    def analyze(self, queryset: QuerySet[Any]) -> None:
+        """VACUUM ANALYZE: the statistics, and the dead rows of deleted items gone (as
+        autovacuum would, some time later), so the claim's index range holds none."""
+        connection = connections[queryset.db]
+        table = connection.ops.quote_name(queryset.model._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(f"VACUUM ANALYZE {table}")
+
     def distinct_values(self, queryset: QuerySet[Any], field: str) -> list[Any]:
         """A skip scan, which PostgreSQL does not do by itself: a recursive query that
         jumps from each value to the next one through the index led by the field, one

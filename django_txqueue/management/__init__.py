@@ -32,7 +32,7 @@ def default_alias(database: str | None) -> str:
 
 def own_queue(name: str, database: str | None) -> tuple[str, str]:
     """The alias and checked queue name of a command that works on a queue of its own
-    (``txqueue_bench``, ``txqueue_chaos``)."""
+    (the optional apps' ``txqueue_bench`` and ``txqueue_chaos``)."""
     alias = default_alias(database)
     try:
         return alias, Queue(name, using=alias).name

@@ -7,7 +7,7 @@ spare port, never the shared servers), with ``--restart-command`` restarting it 
 round; SQLite gets a temp file, and kills only. The defaults are the issue's full run:
 20,000 items, 4 consumers, 10 rounds. The command's live progress goes to stderr, its
 report to stdout; the exit code is the command's (1 on any violation). CI runs the short
-version (``test_database_restart.py``, ``test_chaos_command.py``).
+version (``test_database_restart.py``, ``tests/contrib/test_chaos.py``).
 """
 
 from __future__ import annotations

@@ -82,5 +82,5 @@ def timed(item):
 
 @handler("soak")
 def soak(item):
-    """tests/bench/soak.py: when the handler started, against the enqueue time it carries."""
+    """benchmarks/soak.py: when the handler started, against the enqueue time it carries."""
     return {"started": time.time()}

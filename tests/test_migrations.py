@@ -1,0 +1,79 @@
+"""The migrations: in step with the models, and the queue app's alone create no table of
+its optional apps (the chaos tool's table moved to ``django_txqueue.contrib.chaos``)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
+
+from tests.helpers import ROOT
+
+# Run in a child process with tests.core_settings: Django makes a fresh test database of
+# its own (the suite's name with "_core"), migrates it, lists its tables and the tables
+# its installed models own, and drops it.
+FRESH_DATABASE = """
+import json, django
+django.setup()
+from django.apps import apps
+from django.db import connection
+connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+try:
+    tables = connection.introspection.table_names()
+finally:
+    connection.creation.destroy_test_db(verbosity=0)
+owned = [model._meta.db_table for model in apps.get_models(include_auto_created=True)]
+print(json.dumps({"tables": tables, "owned": owned}))
+"""
+
+
+@pytest.mark.django_db
+def test_every_app_has_the_migrations_of_its_models():
+    """``makemigrations --check`` exits 1 when a model changed without a migration."""
+    call_command("makemigrations", "--check", "--dry-run", verbosity=0)
+
+
+def test_the_queue_apps_last_state_has_no_tool_model():
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    state = loader.project_state()
+    models = {name for app, name in state.models if app == "django_txqueue"}
+    assert "chaosrun" not in models
+    assert {"queueitem", "consumer"} <= models
+    chaos = state.models["txqueue_chaos", "chaosrun"]
+    assert chaos.options.get("db_table") is None  # its own: txqueue_chaos_chaosrun
+
+
+@pytest.mark.django_db
+def test_the_chaos_table_is_the_chaos_apps_own():
+    tables = connection.introspection.table_names()
+    assert "txqueue_chaos_chaosrun" in tables
+    assert "django_txqueue_chaosrun" not in tables
+
+
+def test_a_project_with_the_queue_app_alone_gets_no_tool_table():
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.core_settings",
+        "PYTHONPATH": str(ROOT),
+        # A test database apart from this run's, which has the tools' apps installed.
+        "TXQUEUE_TEST_RUN": os.environ.get("TXQUEUE_TEST_RUN", "") + "_core",
+    }
+    env.pop("TXQUEUE_TEST_NAME", None)
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_DATABASE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    tables = set(found["tables"])
+    assert "django_txqueue_queueitem" in tables
+    assert [table for table in tables if "chaos" in table] == []
+    # Every table belongs to an installed model: none left behind by a tool.
+    assert tables - {"django_migrations"} <= set(found["owned"])
