@@ -1,68 +1,19 @@
 """The consumer loop in this process (threads, real database); e2e/ runs it as a command."""
 
-import contextlib
-import threading
 import time
 
 import pytest
 from django.db import connections
 from django.db.backends.signals import connection_created
-from django.db.models import Count
 from django.utils import timezone
 
-from django_txqueue import Queue, Status, registry, signals
+from django_txqueue import Queue, Status, signals
 from django_txqueue.models import Consumer, QueueItem
 from django_txqueue.wakeup import ADDRESS_CACHE_SECONDS
-from django_txqueue.worker import Worker
+from tests.helpers import running, runs_per_item, wait_for, worker_for
 from tests.testapp.models import Run
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-FAST = {
-    "HEARTBEAT_INTERVAL": 0.1,
-    "RESCUE_INTERVAL": 0.2,
-    "RETRY_DELAY": 0.001,
-    "RETRY_MAX_DELAY": 0.001,
-    "CONSUMER_TIMEOUT": 1,
-    "SHUTDOWN_TIMEOUT": 5,
-}
-
-
-@pytest.fixture(autouse=True)
-def fast_settings(settings):
-    settings.TXQUEUE = {**settings.TXQUEUE, **FAST}
-
-
-def worker_for(*names, **options):
-    registry.autodiscover()
-    known = registry.handlers()
-    return Worker(handlers={name: known[name] for name in names}, **options)
-
-
-@contextlib.contextmanager
-def running(worker):
-    """Run ``worker`` on a thread for the block; then stop it and wait for it to end."""
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        yield thread
-    finally:
-        worker.stop()
-        thread.join(10)
-    assert not thread.is_alive()
-
-
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def runs_per_item():
-    return dict(Run.objects.values_list("item_id").annotate(n=Count("id")))
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_consumers")]
 
 
 class TestBurst:
@@ -352,6 +303,7 @@ class TestWakeup:
             assert wait_for(lambda: Consumer.objects.filter(identity=worker.identity).exists())
             assert self.wakes_for_new_work() < 1
 
+    @pytest.mark.lacks("notify")  # woken by datagrams on the loopback instead
     def test_a_stray_datagram_only_causes_a_poll(self):
         import socket
 
@@ -361,8 +313,7 @@ class TestWakeup:
         with running(worker) as thread:
             assert wait_for(lambda: Consumer.objects.filter(identity=worker.identity).exists())
             address = Consumer.objects.get(identity=worker.identity).wakeup_address
-            if not address:
-                pytest.skip("this database wakes consumers with LISTEN/NOTIFY")
+            assert address, "a consumer without LISTEN/NOTIFY listens for datagrams"
             host, port = address.rsplit(":", 1)
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stray:
                 stray.sendto(b"\xff" * 600, (host, int(port)))  # not UTF-8, over 512 bytes
