@@ -253,6 +253,22 @@ def expire(item):
     )
 
 
+def in_other_thread(func):
+    """``func()``'s value, called in a thread of its own (its own database connection)."""
+    found = []
+
+    def run():
+        try:
+            found.append(func())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=30)
+    return found[0]
+
+
 def wait_for(condition, timeout=10.0, interval=0.02):
     """Poll ``condition`` until it returns something truthy (returned), or return False
     after ``timeout`` seconds."""
