@@ -71,7 +71,7 @@ class Overview:
 
 
 def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
-    """Everything the dashboard shows, read from ``items`` and ``consumers``: six queries,
+    """Everything the dashboard shows, read from ``items`` and ``consumers``: five queries,
     and one more per fair or ordered queue."""
     rows: dict[str, QueueRow] = {}
 

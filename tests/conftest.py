@@ -13,10 +13,32 @@ from django.db import connection
 
 from django_txqueue import Queue
 
-from .helpers import ROOT, child_env, strategies
+from .helpers import FAST, FEATURES, ROOT, child_env, has, strategies
 
 _names = itertools.count()
 CONSUMER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@pytest.fixture(autouse=True)
+def _database_features(request):
+    """Skip a test marked ``requires(*features)`` on a database without one of them, and
+    one marked ``lacks(*features)`` on a database with one (names: helpers.FEATURES)."""
+    wanted = [
+        (name, marker.name == "requires")
+        for marker in request.node.iter_markers()
+        if marker.name in ("requires", "lacks")
+        for name in marker.args
+    ]
+    if not wanted:
+        return
+    unknown = [name for name, _ in wanted if name not in FEATURES]
+    assert not unknown, f"no such feature in tests/helpers.py FEATURES: {unknown}"
+    request.getfixturevalue("django_db_setup")  # some facts ask the server (its version)
+    with request.getfixturevalue("django_db_blocker").unblock():
+        for name, needed in wanted:
+            if has(name) != needed:
+                verb = "has no" if needed else "has"
+                pytest.skip(f"{connection.display_name} {verb} {FEATURES[name].says}")
 
 
 @pytest.fixture(params=["update_limit", "skip_locked"])
@@ -29,6 +51,12 @@ def strategy(request):
 @pytest.fixture
 def queue(db):
     return Queue(f"q{next(_names)}")
+
+
+@pytest.fixture
+def fast_consumers(settings):
+    """Consumers in this process heartbeat, rescue and retry quickly (helpers.FAST)."""
+    settings.TXQUEUE = {**settings.TXQUEUE, **FAST}
 
 
 @pytest.fixture

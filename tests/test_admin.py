@@ -1,5 +1,7 @@
 """The admin pages through Django's test client: pages, filters, search, actions, the
-stuck page and its rescue, the dashboard, permissions, escaping and query counts."""
+stuck page and its rescue, the dashboard, permissions, escaping and query counts.
+
+The read model behind the stuck page and the dashboard is in test_monitoring.py."""
 
 import datetime as dt
 
@@ -13,7 +15,6 @@ from django.utils import timezone
 
 from django_txqueue import Status, enqueue
 from django_txqueue.models import Consumer, QueueItem
-from django_txqueue.monitoring import duration
 
 ITEMS = reverse("admin:django_txqueue_queueitem_changelist")
 CONSUMERS = reverse("admin:django_txqueue_consumer_changelist")
@@ -361,14 +362,6 @@ class TestDashboard:
             in_progress(f"q{n}", DEAD, expired=True)
             Consumer.objects.create(identity=f"c{n}", host="h", os_pid=n, queues=[f"q{n}"])
         assert queries() == few
-
-
-def test_duration():
-    assert duration(dt.timedelta(seconds=0.4)) == "0 s"
-    assert duration(dt.timedelta(seconds=45)) == "45 s"
-    assert duration(dt.timedelta(minutes=3, seconds=12)) == "3 min 12 s"
-    assert duration(dt.timedelta(hours=2, minutes=5, seconds=9)) == "2 h 5 min"
-    assert duration(dt.timedelta(days=3)) == "3 d"
 
 
 class TestPermissions:

@@ -14,9 +14,10 @@ from django.utils import timezone
 from django_txqueue import Queue, Status
 from django_txqueue.admin import EstimatedCountPaginator
 from django_txqueue.models import Consumer, QueueItem
+from tests import helpers
+from tests.helpers import has
 
 ITEMS = reverse("admin:django_txqueue_queueitem_changelist")
-KEEPS_STATISTICS = connection.vendor in ("postgresql", "mysql")
 
 
 def fill(queue, count, status=Status.DONE):
@@ -25,15 +26,10 @@ def fill(queue, count, status=Status.DONE):
 
 
 def analyze():
-    """Bring the table's statistics up to date, as autovacuum or InnoDB would. MariaDB's
+    """Bring the table's statistics up to date where the database keeps them. MariaDB's
     ANALYZE TABLE commits: only for tests with transaction=True."""
-    table = connection.ops.quote_name(QueueItem._meta.db_table)
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(f"ANALYZE {table}")
-        elif connection.vendor == "mysql":
-            cursor.execute(f"ANALYZE TABLE {table}")
-            cursor.fetchall()
+    if has("statistics"):
+        helpers.analyze(QueueItem)
 
 
 def counts(queries):
@@ -71,7 +67,7 @@ def test_changelist_queries_do_not_grow_with_its_rows(admin_client, db):
     assert len(many) == len(few)
 
 
-@pytest.mark.skipif(not KEEPS_STATISTICS, reason="SQLite keeps no row estimate")
+@pytest.mark.requires("statistics")
 @pytest.mark.django_db(transaction=True)  # MariaDB's ANALYZE TABLE commits
 def test_unfiltered_changelist_counts_from_the_statistics(admin_client, monkeypatch):
     monkeypatch.setattr(EstimatedCountPaginator, "exact_up_to", 20)
@@ -111,7 +107,7 @@ def test_a_large_filtered_count_stops_at_its_bound(admin_client, db, monkeypatch
     first, *others = counts(queries)
     assert "LIMIT 11" in first.upper()
     # Past the bound, an EXPLAIN; SQLite has no estimate and counts them all.
-    assert others == [] if KEEPS_STATISTICS else len(others) == 1
+    assert others == [] if has("statistics") else len(others) == 1
 
 
 def test_queue_filter_lists_exactly_the_queues_present(admin_client, db):

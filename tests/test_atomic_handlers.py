@@ -1,14 +1,13 @@
 """@handler("x", atomic=True): the handler's writes commit with the item's fenced
 acknowledgement, or not at all. e2e/test_consumer_processes.py kills and stops real
-consumers running such a handler."""
+consumers running such a handler; test_registry.py has the registration of atomic=True,
+test_settle.py how the consumer counts what such a handler's transaction settled."""
 
 import pytest
 
 from django_txqueue import Queue, Status, registry
-from django_txqueue.execution import Outcome, run_atomic
+from django_txqueue.execution import run_atomic
 from django_txqueue.models import QueueItem
-from django_txqueue.registry import handler
-from django_txqueue.settle import Settler
 from tests.helpers import expire
 from tests.testapp.models import Run
 
@@ -81,36 +80,7 @@ class TestAtomicHandler:
             "recorded",
         )
 
-    def test_a_late_acknowledgement_does_not_count_as_processed(self, atomic_queue):
-        """The consumer's counters and signals see only what committed."""
-        atomic_queue.enqueue_many([{}, {}])
-        refused, accepted = atomic_queue.claim(2)
-        settler = Settler("default")
-        settler.put([Outcome(refused, acknowledged=False), Outcome(accepted, acknowledged=True)])
-        assert len(settler.settle()) == 2
-        assert (settler.processed, settler.failed) == (1, 0)
-        # The settler writes nothing for either: their handlers' transactions did.
-        assert set(atomic_queue.items.values_list("status", flat=True)) == {Status.IN_PROGRESS}
-
 
 def not_json(item):
     Run.objects.create(item_id=item.pk, consumer=item.pid)
     return {1, 2}
-
-
-class TestRegistration:
-    def test_atomic_is_remembered_per_queue(self):
-        @handler("atomic-registration", atomic=True)
-        def first(item):
-            pass
-
-        try:
-            assert registry.is_atomic("atomic-registration")
-            assert not registry.is_atomic("echo")
-        finally:
-            registry.unregister("atomic-registration")
-        assert not registry.is_atomic("atomic-registration")
-
-    def test_atomic_must_be_a_bool(self):
-        with pytest.raises(TypeError, match="atomic must be True or False, not 'yes'"):
-            handler("atomic-bad", atomic="yes")

@@ -628,13 +628,9 @@ def test_task_handlers_ignore_other_backends(settings):
 def test_task_handlers_of_several_backends_and_subclasses(settings):
     settings.TASKS = {
         "default": {"BACKEND": "django_txqueue.backends.TxQueueBackend", "QUEUES": ["a"]},
-        "more": {"BACKEND": "tests.test_backends.MyBackend", "QUEUES": ["b", "c"]},
+        "more": {"BACKEND": "tests.testapp.backends.MyBackend", "QUEUES": ["b", "c"]},
     }
     assert task_handlers() == {"a": run_task, "b": run_task, "c": run_task}
-
-
-class MyBackend(TxQueueBackend):
-    pass
 
 
 def test_no_tasks_setting_means_no_handlers(settings):

@@ -154,7 +154,7 @@ def test_per_queue_overrides_accept_lower_case(settings):
     assert conf.queue_option("email", "MAX_ATTEMPTS") == 5
 
 
-@pytest.mark.skipif(not hasattr(connection, "transaction_modes"), reason="SQLite only option")
+@pytest.mark.requires("transaction_modes")
 def test_sqlite_without_immediate_transactions_is_warned(monkeypatch):
     assert check_sqlite_transactions() == []
     monkeypatch.setitem(connection.settings_dict["OPTIONS"], "transaction_mode", None)

@@ -20,7 +20,7 @@ from django_txqueue.db import dialect, dialect_for
 from django_txqueue.db.compiler import ClaimStatement
 from django_txqueue.models import Dashboard, QueueItem
 from django_txqueue.store import consumer_identity
-from tests.helpers import strategies
+from tests.helpers import analyze, explain, has, plan_lines, strategies
 from tests.testapp.models import Thing
 
 
@@ -132,7 +132,7 @@ class TestStrategies:
         settings.TXQUEUE = {"CLAIM_STRATEGY": "update_limit"}
         assert dialect(connection).resolve_strategy("auto", connection) == "update_limit"
 
-    @pytest.mark.skipif("connection.features.has_select_for_update_skip_locked")
+    @pytest.mark.lacks("skip_locked")
     def test_skip_locked_without_database_support_says_so(self, queue):
         queue.enqueue({})
         with pytest.raises(NotSupportedError, match="SKIP LOCKED.*update_limit"):
@@ -146,14 +146,13 @@ class TestStrategies:
         with CaptureQueriesContext(connection) as queries:
             assert len(queue.claim(limit, strategy=strategy)) == limit
         statements = [q["sql"] for q in queries.captured_queries if not _is_tx_control(q["sql"])]
-        expected = {
-            "postgresql": 1,
-            "sqlite": 1,
+        if has("update_returning"):
+            expected = 1
+        else:
             # UPDATE ... LIMIT, read back | SELECT ... SKIP LOCKED, UPDATE; of more than one
             # row, the SELECT locks by the READY index and a read by primary key follows.
-            "mysql": 3 if strategy == "skip_locked" and limit > 1 else 2,
-        }
-        assert len(statements) == expected[connection.vendor], statements
+            expected = 3 if strategy == "skip_locked" and limit > 1 else 2
+        assert len(statements) == expected, statements
 
 
 def _is_tx_control(sql):
@@ -203,39 +202,18 @@ class TestClaimPlans:
             assert len(claimer.claim(5, strategy=strategy)) == 5
         return [(sql, params) for sql, params in ran if not _is_tx_control(sql)]
 
-    def explain(self, sql, params):
-        with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute(f"EXPLAIN {sql}", params)
-                return [{"detail": row[0]} for row in cursor.fetchall()]
-            if connection.vendor == "mysql":
-                cursor.execute(f"EXPLAIN {sql}", params)
-                names = [column[0] for column in cursor.description]
-                return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-            cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
-            return [{"detail": row[3]} for row in cursor.fetchall()]
-
-    def analyze(self, model):
-        table = connection.ops.quote_name(model._meta.db_table)
-        with connection.cursor() as cursor:
-            if connection.vendor == "mysql":
-                cursor.execute(f"ANALYZE TABLE {table}")
-                cursor.fetchall()
-            else:
-                cursor.execute(f"ANALYZE {table}")
-
     def assert_plan(self, plan, index):
         """No full scan and no sort; ``index``, if given, is what the statement reads."""
         text = "\n".join(str(row) for row in plan)
-        if connection.vendor == "mysql":
+        lines = plan_lines(plan)
+        if lines is None:  # MySQL's table of tables read, each with its access type
             for row in plan:
                 assert row["type"] in ("range", "ref", "eq_ref", "const"), text
                 assert "filesort" not in row["Extra"] and "temporary" not in row["Extra"], text
             if index:
                 assert plan[0]["key"] == index, text
             return
-        for row in plan:
-            detail = row["detail"]
+        for detail in lines:
             assert "Seq Scan" not in detail and "Sort" not in detail, text
             assert "TEMP B-TREE" not in detail, text
             # SQLite's SCAN is a full read, welcome only of the (partial) READY index.
@@ -248,7 +226,7 @@ class TestClaimPlans:
         queryset = self.fill(model, ready=3000, finished=6000)
         in_progress = list(queryset.ready().values_list("pk", flat=True)[:3])
         model.objects.filter(pk__in=in_progress).update(status=Status.IN_PROGRESS)
-        self.analyze(model)
+        analyze(model)
         statements = self.statements(queryset, strategy)
         [ready_index] = [
             i.name for i in model._meta.indexes if getattr(i, "status", None) == Status.READY
@@ -256,7 +234,7 @@ class TestClaimPlans:
         # The first statement picks the rows; the rest (MySQL's UPDATE by pk, or the
         # read-back by claim token) must not scan either.
         for number, (sql, params) in enumerate(statements):
-            plan = self.explain(sql, params)
+            plan = explain(sql, params)
             self.assert_plan(plan, ready_index if number == 0 else None)
 
     @pytest.mark.parametrize("name", ["fair", "ordered", "fair-ordered", "limited"])
@@ -271,11 +249,9 @@ class TestClaimPlans:
             queue.enqueue_many([{}] * 30, key=f"k{n}")
         running = list(queue.items.ready().values_list("pk", flat=True)[:3])
         QueueItem.objects.filter(pk__in=running).update(status=Status.IN_PROGRESS)
-        self.analyze(QueueItem)
+        analyze(QueueItem)
         for number, (sql, params) in enumerate(self.statements(queue, strategy)):
-            self.assert_plan(
-                self.explain(sql, params), "txqueue_item_ready" if number == 0 else None
-            )
+            self.assert_plan(explain(sql, params), "txqueue_item_ready" if number == 0 else None)
 
     def test_a_fair_enqueue_reads_its_round_through_indexes(self):
         queue = Queue("fair")
@@ -283,7 +259,7 @@ class TestClaimPlans:
             queue.enqueue_many([{}] * 1500, key=f"k{n}")
         finished = queue.claim(3000)
         QueueItem.objects.filter(pk__in=[item.pk for item in finished]).update(status=Status.DONE)
-        self.analyze(QueueItem)
+        analyze(QueueItem)
         ran = []
 
         def record(execute, sql, params, many, context):
@@ -294,9 +270,10 @@ class TestClaimPlans:
             queue.enqueue({}, key="k1")
         sql, params = ran[0]
         assert sql.startswith("SELECT")
-        plan = self.explain(sql, params)
+        plan = explain(sql, params)
         text = "\n".join(str(row) for row in plan)
-        if connection.vendor == "mysql":
+        lines = plan_lines(plan)
+        if lines is None:  # MySQL's table of tables read
             # Only the key's newest few waiting rounds, a derived table, are read whole.
             assert all(
                 row["type"] not in ("ALL", "index") or str(row["table"]).startswith("<derived")
@@ -306,8 +283,7 @@ class TestClaimPlans:
         else:
             assert "Seq Scan" not in text and "Sort" not in text, text
             assert all(
-                not row["detail"].startswith("SCAN ") or row["detail"] == "SCAN CONSTANT ROW"
-                for row in plan
+                not line.startswith("SCAN ") or line == "SCAN CONSTANT ROW" for line in lines
             ), text
 
 
@@ -350,7 +326,7 @@ def row_held_past_the_lock_wait_timeout(pk):
             cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
 
 
-@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB lock-wait timeouts")
+@pytest.mark.requires("innodb")  # its lock waits time out (innodb_lock_wait_timeout)
 @pytest.mark.django_db(transaction=True)
 def test_a_lock_wait_timeout_during_a_claim_is_retried_not_raised():
     """Another transaction holds the head row past innodb_lock_wait_timeout: the
@@ -364,7 +340,7 @@ def test_a_lock_wait_timeout_during_a_claim_is_retried_not_raised():
         assert time.monotonic() - started >= 1.0  # it did wait, time out and retry
 
 
-@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB lock-wait timeouts")
+@pytest.mark.requires("innodb")
 @pytest.mark.django_db(transaction=True)
 def test_a_lock_wait_timeout_during_an_acknowledgement_is_retried_not_raised():
     """As for claims: a deadlock or lock-wait timeout fails only the fenced UPDATE, which
@@ -378,7 +354,7 @@ def test_a_lock_wait_timeout_during_an_acknowledgement_is_retried_not_raised():
     assert QueueItem.objects.get(pk=item.pk).status == Status.DONE
 
 
-@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB lock-wait timeouts")
+@pytest.mark.requires("innodb", "acks_while_claiming", "skip_locked")
 @pytest.mark.django_db(transaction=True)
 def test_an_acknowledgement_timing_out_in_the_claims_transaction_is_retried_with_it():
     """On MySQL the acknowledgement rides in the skip_locked claim's transaction: when it
@@ -402,7 +378,10 @@ def open_transactions():
         return cursor.fetchone()[0]
 
 
-@pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL's claim transaction")
+# A skip_locked claim of several statements, in a transaction of its own (InnoDB's, whose
+# open transactions information_schema.innodb_trx lists).
+@pytest.mark.requires("innodb", "skip_locked")
+@pytest.mark.lacks("update_returning")
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_stopped_midway_leaves_no_transaction_open_and_its_rows_ready():
     """The skip_locked claim begins its transaction itself (START TRANSACTION, two round
@@ -437,18 +416,19 @@ class TestHeldRows:
     """Another transaction holds the first ready row (a competing ``dequeue()``, or a plain
     ``SELECT ... FOR UPDATE``) while this process claims."""
 
+    pytestmark = pytest.mark.requires("skip_locked")
+
     @pytest.fixture(autouse=True)
     def long_lock_waits(self):
         """A claim that waits for a lock would wait well past the holder's transaction."""
-        if not connection.features.has_select_for_update_skip_locked:  # asked with a database
-            pytest.skip(f"{connection.display_name} has no row locks to skip")
-        statements = {
-            "postgresql": ("SET lock_timeout = '20s'", "RESET lock_timeout"),
-            "mysql": (
+        # The lock-wait setting of the databases with SKIP LOCKED: InnoDB's, or PostgreSQL's.
+        if has("innodb"):
+            statements = (
                 "SET SESSION innodb_lock_wait_timeout = 20",
                 "SET SESSION innodb_lock_wait_timeout = DEFAULT",
-            ),
-        }[connection.vendor]
+            )
+        else:
+            statements = ("SET lock_timeout = '20s'", "RESET lock_timeout")
         with connection.cursor() as cursor:
             cursor.execute(statements[0])
         yield
@@ -526,16 +506,16 @@ class TestHeldRows:
         assert (stored.status, stored.pid, stored.attempts) == (Status.IN_PROGRESS, "waiter", 1)
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's claim joins back")
+# A skip_locked claim in one UPDATE ... RETURNING, which finds the rows it locked again,
+# on a table whose READY index is a partial one: PostgreSQL's (db/postgresql.py).
+@pytest.mark.requires("update_returning", "skip_locked", "partial_indexes")
 def test_the_claim_finds_its_rows_again_without_the_ready_index(db):
     """Statistics taken while the table was empty (autovacuum off, or not run yet) made
     the planner look each claimed id up in the READY partial index: a scan of all of it
     per row, which an old snapshot's dead entries made a crawl."""
     from django_txqueue.db.compiler import ClaimValues
 
-    table = QueueItem._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {table}")  # nothing in it
+    analyze(QueueItem)  # nothing in it
     queue = Queue("stale-statistics")
     queue.enqueue_many([{}] * 3000)
     statement = queue.claims.statement(10)
@@ -543,8 +523,6 @@ def test_the_claim_finds_its_rows_again_without_the_ready_index(db):
     sql, params = dialect_for(statement.alias)._claim_statement(
         statement, values, "FOR UPDATE SKIP LOCKED"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN {sql}", params)
-        plan = [row[0] for row in cursor.fetchall()]
+    plan = plan_lines(explain(sql, params))
     # The candidates' scan reads the READY index; finding the picked rows again must not.
     assert sum("txqueue_item_ready" in line for line in plan) == 1, "\n".join(plan)

@@ -25,28 +25,21 @@ from tests.helpers import child_env
 
 @contextlib.contextmanager
 def empty_database(tmp_path):
-    """The name of a database of the tested vendor with no tables, dropped afterwards."""
-    if connection.vendor == "sqlite":
+    """The name of a database of the tested kind with no tables, dropped afterwards."""
+    if os.path.isabs(str(connection.settings_dict["NAME"])):
+        # A database named by its file (SQLite): a new one is a new path.
         yield str(tmp_path / "empty.sqlite3")
         return
     name = f"txqueue_empty_{os.getpid()}"
-    params = connection.get_connection_params()
-    if connection.vendor == "postgresql":
-        import psycopg
-
-        admin = psycopg.connect(**{**params, "dbname": "postgres"}, autocommit=True)
-        create, drop = f'CREATE DATABASE "{name}"', f'DROP DATABASE IF EXISTS "{name}"'
-    else:
-        import MySQLdb
-
-        admin = MySQLdb.connect(**{k: v for k, v in params.items() if k != "database"})
-        create, drop = f"CREATE DATABASE `{name}`", f"DROP DATABASE IF EXISTS `{name}`"
+    quoted = connection.ops.quote_name(name)
+    # A connection to no database of ours, as Django's own test database creation opens.
+    with connection._nodb_cursor() as cursor:
+        cursor.execute(f"CREATE DATABASE {quoted}")
     try:
-        admin.cursor().execute(create)
         yield name
     finally:
-        admin.cursor().execute(drop)
-        admin.close()
+        with connection._nodb_cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS {quoted}")
 
 
 def run(*args, **options):

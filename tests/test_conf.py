@@ -138,3 +138,32 @@ class TestReload:
         settings.TXQUEUE = raw
         assert conf.queue_option("sms", "LEASE") == 30
         assert raw == {"QUEUES": {"sms": {"lease": 30}}}
+
+
+class TestRetention:
+    def test_seven_days_by_default(self, settings):
+        settings.TXQUEUE = {}
+        assert conf.retention() == timedelta(days=7)
+        assert conf.retention("sms") == timedelta(days=7)
+        assert conf.get("PURGE_INTERVAL") == 300
+
+    def test_seconds_timedelta_none_and_per_queue(self, settings):
+        settings.TXQUEUE = {
+            "RETENTION": 3600,
+            "QUEUES": {"keep": {"retention": None}, "short": {"RETENTION": timedelta(hours=1)}},
+        }
+        assert conf.retention() == timedelta(hours=1)
+        assert conf.retention("other") == timedelta(hours=1)
+        assert conf.retention("keep") is None
+        assert conf.retention("short") == timedelta(hours=1)
+        settings.TXQUEUE = {"RETENTION": None, "QUEUES": {"sms": {"RETENTION": 60}}}
+        assert conf.retention() is None
+        assert conf.retention("sms") == timedelta(minutes=1)
+
+    def test_once_records_are_kept_for_the_longest_retention(self, settings):
+        settings.TXQUEUE = {"RETENTION": 60, "QUEUES": {"long": {"RETENTION": 7200}}}
+        assert conf.effect_retention() == timedelta(hours=2)
+        settings.TXQUEUE = {"QUEUES": {"keep": {"RETENTION": None}}}
+        assert conf.effect_retention() is None
+        settings.TXQUEUE = {"RETENTION": None, "QUEUES": {"sms": {"RETENTION": 60}}}
+        assert conf.effect_retention() is None

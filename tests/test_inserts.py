@@ -99,7 +99,7 @@ class TestManyItems:
             range(count)
         )
 
-    @pytest.mark.skipif("connection.vendor != 'postgresql'")
+    @pytest.mark.requires("array_bulk_rows")  # PostgreSQL's unnest of arrays
     def test_postgresql_sends_one_array_per_column(self, queue):
         with CaptureQueriesContext(connection) as queries:
             queue.enqueue_many([{"n": n} for n in range(500)], key="k")
@@ -119,7 +119,7 @@ class TestManyItems:
         if connection.features.can_return_rows_from_bulk_insert:
             assert [item.pk for item in items] == [row.pk for row in queue.items.order_by("pk")]
 
-    @pytest.mark.skipif("connection.vendor != 'mysql'")
+    @pytest.mark.requires("json_bulk_rows")  # MySQL's and MariaDB's JSON_TABLE
     def test_mysql_sends_many_rows_as_one_json_parameter(self, queue):
         with CaptureQueriesContext(connection) as queries:
             queue.enqueue_many([{"n": n} for n in range(500)], key="k")
@@ -127,7 +127,7 @@ class TestManyItems:
         assert "JSON_TABLE(" in insert and ") VALUES (" not in insert
         assert queue.items.filter(key="k").count() == 500
 
-    @pytest.mark.skipif("connection.vendor != 'mysql'")
+    @pytest.mark.requires("json_bulk_rows")
     def test_values_json_cannot_carry_go_as_values_rows(self):
         assert inserts(Thing, "default").bulk_params(connection, [[b"\x00"], [b"\x01"]]) is None
 
@@ -140,7 +140,7 @@ class TestManyItems:
             inserts(Thing, "default").insert(things)
         assert Thing.objects.count() == 0
 
-    @pytest.mark.skipif("connection.vendor == 'sqlite'")  # SQLite keeps any length
+    @pytest.mark.requires("char_lengths")
     def test_a_value_too_long_for_its_column_is_refused_not_cut(self, transactional_db):
         things = [Thing(name="short"), Thing(name="x" * 60)]
         with pytest.raises(DatabaseError):

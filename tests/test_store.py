@@ -1,11 +1,15 @@
 """Every state change after a claim (django_txqueue.store): acknowledgements and their
-fencing, release, retry, fail, rescue of stuck items, lease renewal, consumer rows.
+fencing, release, retry, fail, rescue of stuck items, lease renewal, consumer rows, and
+the named lock the purge takes.
 
 Claims themselves are in test_claim.py.
 """
 
 import datetime as dt
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 from django.db import connection
@@ -14,7 +18,7 @@ from django.utils import timezone
 
 from django_txqueue import Queue, Status, store
 from django_txqueue.models import Consumer, QueueItem
-from tests.helpers import expire
+from tests.helpers import ROOT, child_env, expire, in_other_thread, wait_for
 from tests.testapp.models import Thing
 
 
@@ -514,3 +518,81 @@ class TestReleaseLost:
         again = QueueItem.objects.get(pk=lost.pk)
         assert (again.attempts, again.pid, again.claim_token) == (0, "", None)
         assert lost.ack() is False  # the lost claim is fenced off
+
+
+LOCK = "txqueue_test_lock"
+
+
+def try_lock_now(alias="default"):
+    with store.try_lock(alias, LOCK) as held:
+        return held
+
+
+class TestTryLock:
+    """``store.try_lock``: a named lock (the purge's), tried and never waited for."""
+
+    def test_while_one_connection_holds_it_another_connection_fails_at_once(self, db):
+        with store.try_lock("default", LOCK) as held:
+            assert held
+            started = time.monotonic()
+            assert in_other_thread(try_lock_now) is False
+            assert time.monotonic() - started < 5  # tried, did not wait
+        assert in_other_thread(try_lock_now) is True  # released
+        assert try_lock_now() is True
+
+    def test_locks_of_other_names_are_independent(self, db):
+        with store.try_lock("default", LOCK) as held:
+            assert held
+            with store.try_lock("default", LOCK + "_other") as other:
+                assert other
+
+    def test_across_processes(self, db):
+        child = subprocess.Popen(  # noqa: S603 - our own command line
+            [
+                sys.executable,
+                "-c",
+                "import sys, django; django.setup()\n"
+                "from django_txqueue import store\n"
+                "with store.try_lock('default', sys.argv[1]) as held:\n"
+                "    print(held, flush=True)\n"
+                "    sys.stdin.readline()\n",
+                LOCK,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**child_env(), "DJANGO_SETTINGS_MODULE": "tests.settings"},
+            cwd=ROOT,
+            text=True,
+        )
+        with child:
+            try:
+                assert child.stdout.readline().strip() == "True"
+                assert try_lock_now() is False
+                _, err = child.communicate("\n", timeout=30)
+                assert child.returncode == 0, err
+                assert try_lock_now() is True
+            finally:
+                if child.poll() is None:
+                    child.kill()
+
+    def test_a_dead_holders_lock_is_free(self, db):
+        child = subprocess.run(  # noqa: S603 - our own command line
+            [
+                sys.executable,
+                "-c",
+                "import os, sys, django; django.setup()\n"
+                "from django_txqueue import store\n"
+                "lock = store.try_lock('default', sys.argv[1])\n"
+                "assert lock.__enter__()\n"
+                "os._exit(0)  # no release\n",
+                LOCK,
+            ],
+            env={**child_env(), "DJANGO_SETTINGS_MODULE": "tests.settings"},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert child.returncode == 0, child.stderr
+        assert wait_for(try_lock_now, timeout=10)

@@ -17,11 +17,11 @@ from django.utils import timezone
 from django_txqueue import Queue, Status, wakeup
 from django_txqueue.models import Consumer
 from django_txqueue.wakeup import Waiter, wake_local_consumers
-from tests.test_worker import running, wait_for, worker_for
+from tests.helpers import running, wait_for, worker_for
 
-NOTIFY = connection.vendor == "postgresql"
-datagrams = pytest.mark.skipif(NOTIFY, reason="PostgreSQL wakes consumers with LISTEN/NOTIFY")
-notify = pytest.mark.skipif(not NOTIFY, reason="only PostgreSQL has LISTEN/NOTIFY")
+# Consumers of a database without LISTEN/NOTIFY are woken by datagrams on the loopback.
+datagrams = pytest.mark.lacks("notify")
+notify = pytest.mark.requires("notify")
 
 
 class Waiters:

@@ -1,68 +1,18 @@
 """The consumer loop in this process (threads, real database); e2e/ runs it as a command."""
 
-import contextlib
-import threading
 import time
 
 import pytest
 from django.db import connections
 from django.db.backends.signals import connection_created
-from django.db.models import Count
-from django.utils import timezone
 
-from django_txqueue import Queue, Status, registry, signals
+from django_txqueue import Queue, Status, signals
 from django_txqueue.models import Consumer, QueueItem
 from django_txqueue.wakeup import ADDRESS_CACHE_SECONDS
-from django_txqueue.worker import Worker
+from tests.helpers import running, runs_per_item, wait_for, worker_for
 from tests.testapp.models import Run
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-FAST = {
-    "HEARTBEAT_INTERVAL": 0.1,
-    "RESCUE_INTERVAL": 0.2,
-    "RETRY_DELAY": 0.001,
-    "RETRY_MAX_DELAY": 0.001,
-    "CONSUMER_TIMEOUT": 1,
-    "SHUTDOWN_TIMEOUT": 5,
-}
-
-
-@pytest.fixture(autouse=True)
-def fast_settings(settings):
-    settings.TXQUEUE = {**settings.TXQUEUE, **FAST}
-
-
-def worker_for(*names, **options):
-    registry.autodiscover()
-    known = registry.handlers()
-    return Worker(handlers={name: known[name] for name in names}, **options)
-
-
-@contextlib.contextmanager
-def running(worker):
-    """Run ``worker`` on a thread for the block; then stop it and wait for it to end."""
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        yield thread
-    finally:
-        worker.stop()
-        thread.join(10)
-    assert not thread.is_alive()
-
-
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def runs_per_item():
-    return dict(Run.objects.values_list("item_id").annotate(n=Count("id")))
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_consumers")]
 
 
 class TestBurst:
@@ -210,92 +160,6 @@ class TestFailures:
         ]
 
 
-class TestLiveness:
-    def test_leases_are_renewed_while_a_handler_runs(self):
-        item = Queue("slow").enqueue({"seconds": 1.5})
-        with running(worker_for("slow", lease=0.5)):
-            assert wait_for(lambda: Run.objects.exists())
-            time.sleep(1.0)  # twice the lease: without renewal the item would be stuck
-            assert not Queue("slow").items.stuck().exists()
-            assert wait_for(lambda: Queue("slow").count(status=Status.DONE) == 1)
-        assert QueueItem.objects.get(pk=item.pk).attempts == 1
-
-    def test_a_handler_past_its_timeout_loses_its_lease(self, settings):
-        settings.TXQUEUE = {**settings.TXQUEUE, "QUEUES": {"slow": {"TIMEOUT": 0.2}}}
-        item = Queue("slow").enqueue({"seconds": 2})
-
-        def lapsed_or_rescued():
-            # The worker's own rescue (every 0.2 s here) may take it back at once.
-            stored = QueueItem.objects.get(pk=item.pk)
-            return (
-                stored.status == Status.READY
-                and stored.attempts == 1
-                or (Queue("slow").items.stuck().exists())
-            )
-
-        with running(worker_for("slow", lease=0.5)):
-            assert wait_for(lapsed_or_rescued, timeout=5)
-
-    def test_the_late_acknowledgement_of_a_handler_past_its_timeout_is_refused(
-        self, settings, caplog
-    ):
-        """The item is rescued while its slow handler runs and another consumer claims it:
-        when the first handler returns, its batch acknowledgement changes nothing, and the
-        item ends DONE by the second claim only."""
-        settings.TXQUEUE = {**settings.TXQUEUE, "QUEUES": {"slow": {"TIMEOUT": 0.2}}}
-        item = Queue("slow").enqueue({"seconds": 2})
-        worker = worker_for("slow", lease=0.5)
-        with running(worker):
-            # The handler started, then its lease lapsed and the worker's rescue took it back.
-            assert wait_for(
-                lambda: (
-                    Run.objects.exists()
-                    and QueueItem.objects.get(pk=item.pk).status == Status.READY
-                ),
-                timeout=5,
-            )
-            [second] = Queue("slow").claim(1, pid="second", lease=600)
-            assert second.pk == item.pk and second.attempts == 2
-            # The first handler returns and its consumer tries to acknowledge.
-            assert wait_for(lambda: worker.processed == 1, timeout=5)
-            stored = QueueItem.objects.get(pk=item.pk)
-            assert (stored.status, stored.pid, stored.claim_token, stored.result) == (
-                Status.IN_PROGRESS,
-                "second",
-                second.claim_token,
-                None,
-            )
-            assert stored.finished_at is None
-            assert "1 of 1 acknowledgements refused" in caplog.text
-        assert second.ack(result={"by": "second"}) is True
-        stored = QueueItem.objects.get(pk=item.pk)
-        assert (stored.status, stored.pid, stored.result, stored.attempts) == (
-            Status.DONE,
-            "second",
-            {"by": "second"},
-            2,
-        )
-        # The first handler ran once, under the worker; nothing ran it again.
-        assert list(Run.objects.values_list("item_id", "consumer")) == [(item.pk, worker.identity)]
-
-    def test_a_dead_consumers_items_are_rescued_and_finished(self):
-        Consumer.objects.create(identity="gone", host="h", os_pid=1, stopped_at=timezone.now())
-        Queue("echo").enqueue_many([{}] * 3)
-        Queue("echo").claim(2, pid="gone", lease=600)
-        with running(worker_for("echo")):
-            assert wait_for(lambda: Queue("echo").count(status=Status.DONE) == 3)
-        assert set(QueueItem.objects.values_list("attempts", flat=True)) <= {1, 2}
-
-    def test_rescue_fail_setting_fails_instead_of_rerunning(self, settings):
-        settings.TXQUEUE = {**settings.TXQUEUE, "QUEUES": {"echo": {"RESCUE": "fail"}}}
-        Consumer.objects.create(identity="gone", host="h", os_pid=1, stopped_at=timezone.now())
-        item = Queue("echo").enqueue({})
-        Queue("echo").claim(1, pid="gone", lease=600)
-        with running(worker_for("echo")):
-            assert wait_for(lambda: Queue("echo").count(status=Status.FAILED) == 1)
-        assert not Run.objects.filter(item_id=item.pk).exists()
-
-
 class TestStop:
     @pytest.mark.parametrize("concurrency", [1, 2])
     def test_stop_finishes_running_work_and_releases_the_rest(self, concurrency):
@@ -352,6 +216,7 @@ class TestWakeup:
             assert wait_for(lambda: Consumer.objects.filter(identity=worker.identity).exists())
             assert self.wakes_for_new_work() < 1
 
+    @pytest.mark.lacks("notify")  # woken by datagrams on the loopback instead
     def test_a_stray_datagram_only_causes_a_poll(self):
         import socket
 
@@ -361,8 +226,7 @@ class TestWakeup:
         with running(worker) as thread:
             assert wait_for(lambda: Consumer.objects.filter(identity=worker.identity).exists())
             address = Consumer.objects.get(identity=worker.identity).wakeup_address
-            if not address:
-                pytest.skip("this database wakes consumers with LISTEN/NOTIFY")
+            assert address, "a consumer without LISTEN/NOTIFY listens for datagrams"
             host, port = address.rsplit(":", 1)
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stray:
                 stray.sendto(b"\xff" * 600, (host, int(port)))  # not UTF-8, over 512 bytes

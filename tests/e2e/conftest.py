@@ -1,8 +1,12 @@
-"""Fixtures of the example project's end-to-end tests; the helpers are in example.py."""
+"""Fixtures of the end-to-end tests: the example project's (helpers in example.py) and the
+throwaway servers' (helpers in servers.py)."""
+
+import os
 
 import pytest
 
 from .example import VENDOR, Example, database_url, example_env, manage, quoted_name, run_ddl
+from .servers import DBNAME, SERVERS, django
 
 
 @pytest.fixture(scope="module")
@@ -29,3 +33,29 @@ def example_database(tmp_path_factory):
 @pytest.fixture
 def example(example_database, tmp_path):
     return Example(example_database, tmp_path / "gateway.sqlite3")
+
+
+@pytest.fixture(scope="module", params=sorted(SERVERS))
+def server(request):
+    """A throwaway server of one kind with the test database migrated, for the module.
+
+    Its tests run in the suite run of the same kind (``TXQUEUE_TEST_DB=postgresql`` or
+    ``mysql``), so that CI's passes do not repeat them: the parameter picks which server
+    binaries to start, not a feature. A machine without them skips, except under
+    ``CI=true``, where that is a failure."""
+    kind = request.param
+    current = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
+    if current != kind:
+        pytest.skip(f"runs with TXQUEUE_TEST_DB={kind} (this run: {current})")
+    server_class = SERVERS[kind]
+    reason = server_class.missing()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the {kind} restart tests: {reason}")
+        pytest.skip(reason)
+    instance = server_class()
+    request.addfinalizer(instance.destroy)
+    instance.start()
+    instance.create_database(DBNAME)
+    django(instance, "migrate", "--noinput", "-v", "0")
+    return instance

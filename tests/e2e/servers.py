@@ -97,6 +97,10 @@ class Server:
     def create_database(self, name: str) -> None:
         raise NotImplementedError
 
+    def decode_json(self, value: Any) -> Any:
+        """A JSON column's value as ``query`` returns it (this driver's raw answer), decoded."""
+        raise NotImplementedError
+
     def query(self, dbname: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Rows of one statement (none for DDL/DML), on a fresh autocommit connection."""
         connection = self.connect(dbname)
@@ -275,6 +279,9 @@ class PostgresServer(Server):
         finally:
             connection.close()
 
+    def decode_json(self, value: Any) -> Any:
+        return value  # psycopg decodes jsonb itself
+
 
 # -- MariaDB ---------------------------------------------------------------------------
 
@@ -398,6 +405,9 @@ class MariaDBServer(Server):
     def create_database(self, name: str) -> None:
         self.query("", f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
 
+    def decode_json(self, value: Any) -> Any:
+        return json.loads(value)  # a JSON column is text here (LONGTEXT)
+
 
 def read_pid(path: Path) -> int | None:
     try:
@@ -462,6 +472,101 @@ SERVERS: dict[str, type[Server]] = {
     PostgresServer.vendor: PostgresServer,
     MariaDBServer.vendor: MariaDBServer,
 }
+
+
+# -- Django processes on a throwaway server ------------------------------------------------
+#
+# test_database_restart.py and test_startup.py run ``python -m django`` against the
+# database DBNAME of a throwaway server (conftest.py's ``server`` fixture makes it), and
+# read it back through ``Server.query``.
+
+ROOT = Path(__file__).resolve().parents[2]
+DBNAME = "txqueue_e2e"
+READY, IN_PROGRESS, DONE, FAILED = 1, 2, 3, 4
+# A consumer's settings there: quick heartbeats, polls, rescues and retries.
+FAST = {
+    "HEARTBEAT_INTERVAL": 0.2,
+    "POLL_INTERVAL": 0.2,
+    "RESCUE_INTERVAL": 1,
+    "CONSUMER_TIMEOUT": 5,
+    "RETRY_DELAY": 0.5,
+    "RETRY_MAX_DELAY": 1,
+    "LEASE": 10,
+}
+
+
+def child_env(server: Server, settings: dict[str, Any] | None = None) -> dict[str, str]:
+    """A Django process on the throwaway server's test database, whatever this run uses."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXQUEUE_")}
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+        TXQUEUE_TEST_DB=server.vendor,
+        TXQUEUE_TEST_HOST="127.0.0.1",
+        TXQUEUE_TEST_PORT=str(server.port),
+        TXQUEUE_TEST_USER=server.user,
+        TXQUEUE_TEST_NAME=DBNAME,
+        TXQUEUE_TEST_SETTINGS=json.dumps(settings or FAST),
+    )
+    return env
+
+
+def django(server: Server, *args: str) -> str:
+    return run_django(child_env(server), *args)
+
+
+def run_django(env: dict[str, str], *args: str) -> str:
+    """``python -m django ARGS`` in a child process with ``env``; its output."""
+    done = subprocess.run(
+        [sys.executable, "-m", "django", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"django {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def enqueue(server: Server, queue: str, payloads: str) -> None:
+    """``payloads``: a Python expression for the list, evaluated in the child."""
+    django(
+        server,
+        "shell",
+        "-c",
+        f"from django_txqueue import enqueue_many; enqueue_many({queue!r}, {payloads})",
+    )
+
+
+def counts(server: Server, queue: str) -> dict[int, int]:
+    rows = server.query(
+        DBNAME,
+        "SELECT status, COUNT(*) FROM django_txqueue_queueitem WHERE queue = %s GROUP BY status",
+        (queue,),
+    )
+    return {int(status): int(n) for status, n in rows}
+
+
+def wait_for(condition, timeout: float, what: str, running=None, interval: float = 0.05):
+    """Poll ``condition`` until true; fail at once if the ``running`` consumer exits."""
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if running is not None:
+            running.assert_alive()
+        try:
+            value = condition()
+        except Exception:  # the server may still be refusing connections
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,12 @@ import sys
 import time
 
 import pytest
-from django.db import connection
-from django.db.models import Count
 from django.utils import timezone
 
 from django_txqueue import Queue, Status, store
 from django_txqueue.models import Consumer, QueueItem
 from tests import helpers
-from tests.helpers import ROOT, child_env, finished_items
+from tests.helpers import ROOT, child_env, child_pids, finished_items, has, runs_per_item
 from tests.testapp.models import Run
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -73,22 +71,6 @@ def consumers(tmp_path):
         proc.wait(timeout=10)
 
 
-def child_pids(pid):
-    if not os.path.isdir("/proc"):  # not Linux
-        found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)  # noqa: S607
-        return [int(line) for line in found.stdout.split()]
-    children = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as stat:  # "pid (comm) state ppid ..."
-                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == pid:
-            children.append(int(entry))
-    return children
-
-
 def stderr_of(*procs):
     return "\n".join(f"--- pid {p.pid} stderr:\n{p.err_path.read_text()}" for p in procs)
 
@@ -114,10 +96,6 @@ def pid_exists(pid):
     except ProcessLookupError:
         return False
     return True
-
-
-def runs_per_item():
-    return dict(Run.objects.values_list("item_id").annotate(n=Count("id")))
 
 
 def item_ids(queue):
@@ -449,7 +427,8 @@ def test_a_stopped_consumers_late_atomic_write_is_rolled_back(consumers, tmp_pat
     os.kill(stale.pid, signal.SIGSTOP)  # hung: no heartbeat, no lease renewal, no commit
     stale_identity = Consumer.objects.get(os_pid=stale.pid).identity
     rescuer = consumers("atomic", "--lease", "1")
-    single_writer = connection.vendor == "sqlite"
+    # Without row locks (SQLite) the stale transaction holds the database's only write lock.
+    single_writer = not has("row_locks")
     if single_writer:
         time.sleep(3)  # the rescuer waits for the write lock all along
     else:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import os
 import re
 import signal
 import subprocess
@@ -25,49 +24,31 @@ from pathlib import Path
 
 import pytest
 
-from .servers import SERVERS, Server
+from tests.helpers import has
 
-ROOT = Path(__file__).resolve().parents[2]
-DBNAME = "txqueue_e2e"
+from .servers import (
+    DBNAME,
+    DONE,
+    FAILED,
+    FAST,
+    READY,
+    ROOT,
+    Server,
+    child_env,
+    counts,
+    django,
+    enqueue,
+    wait_for,
+)
+
 ITEMS = 100
 SECONDS_EACH = 0.05  # ITEMS * SECONDS_EACH: about 5 s of work, so the outage hits mid-run
 DOWN = 2.0  # seconds the server stays down
-READY, IN_PROGRESS, DONE, FAILED = 1, 2, 3, 4
-FAST = {
-    "HEARTBEAT_INTERVAL": 0.2,
-    "POLL_INTERVAL": 0.2,
-    "RESCUE_INTERVAL": 1,
-    "CONSUMER_TIMEOUT": 5,
-    "RETRY_DELAY": 0.5,
-    "RETRY_MAX_DELAY": 1,
-    "LEASE": 10,
-}
 RETRY_LINE = re.compile(r"database error, retrying in ([\d.]+) s")
 DATABASE_ERROR = re.compile(r"django\.db\.utils\.(OperationalError|InterfaceError)")
 LOGGED_RETRY = re.compile(r"^(\S+ \S+) WARNING database error, retrying in ([\d.]+) s", re.M)
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", params=sorted(SERVERS))
-def server(request):
-    """A throwaway server of one vendor with the test database migrated, for this module."""
-    vendor = request.param
-    current = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
-    if current != vendor:
-        pytest.skip(f"runs with TXQUEUE_TEST_DB={vendor} (this run: {current})")
-    kind = SERVERS[vendor]
-    reason = kind.missing()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the {vendor} restart tests: {reason}")
-        pytest.skip(reason)
-    instance = kind()
-    request.addfinalizer(instance.destroy)
-    instance.start()
-    instance.create_database(DBNAME)
-    django(instance, "migrate", "--noinput", "-v", "0")
-    return instance
 
 
 @pytest.fixture
@@ -76,78 +57,6 @@ def fresh(server):
     for table in ("django_txqueue_queueitem", "django_txqueue_consumer", "testapp_run"):
         server.query(DBNAME, f"DELETE FROM {table}")
     return server
-
-
-def child_env(server: Server, settings: dict | None = None) -> dict[str, str]:
-    """A Django process on the throwaway server's test database, whatever this run uses."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TXQUEUE_")}
-    env.update(
-        DJANGO_SETTINGS_MODULE="tests.settings",
-        PYTHONPATH=str(ROOT),
-        PYTHONUNBUFFERED="1",
-        TXQUEUE_TEST_DB=server.vendor,
-        TXQUEUE_TEST_HOST="127.0.0.1",
-        TXQUEUE_TEST_PORT=str(server.port),
-        TXQUEUE_TEST_USER=server.user,
-        TXQUEUE_TEST_NAME=DBNAME,
-        TXQUEUE_TEST_SETTINGS=json.dumps(settings or FAST),
-    )
-    return env
-
-
-def django(server: Server, *args: str) -> str:
-    return run_django(child_env(server), *args)
-
-
-def run_django(env: dict[str, str], *args: str) -> str:
-    """``python -m django ARGS`` in a child process with ``env``; its output."""
-    done = subprocess.run(
-        [sys.executable, "-m", "django", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"django {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
-def enqueue(server: Server, queue: str, payloads: str) -> None:
-    """``payloads``: a Python expression for the list, evaluated in the child."""
-    django(
-        server,
-        "shell",
-        "-c",
-        f"from django_txqueue import enqueue_many; enqueue_many({queue!r}, {payloads})",
-    )
-
-
-def counts(server: Server, queue: str) -> dict[int, int]:
-    rows = server.query(
-        DBNAME,
-        "SELECT status, COUNT(*) FROM django_txqueue_queueitem WHERE queue = %s GROUP BY status",
-        (queue,),
-    )
-    return {int(status): int(n) for status, n in rows}
-
-
-def wait_for(condition, timeout: float, what: str, running=None, interval: float = 0.05):
-    """Poll ``condition`` until true; fail at once if the ``running`` consumer exits."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if running is not None:
-            running.assert_alive()
-        try:
-            value = condition()
-        except Exception:  # the server may still be refusing connections
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 class Consumer:
@@ -286,7 +195,7 @@ def test_busy_consumer_survives_database_restart(fresh, tmp_path, concurrency):
         )
     }
     items = {
-        int(pk): (int(attempts), decode_json(server, result), last_error)
+        int(pk): (int(attempts), server.decode_json(result), last_error)
         for pk, attempts, result, last_error in server.query(
             DBNAME,
             "SELECT id, attempts, result, last_error FROM django_txqueue_queueitem "
@@ -315,11 +224,6 @@ def test_busy_consumer_survives_database_restart(fresh, tmp_path, concurrency):
             assert runs[pk] <= attempts and pk not in started, (pk, attempts, runs[pk])
 
 
-def decode_json(server: Server, value):
-    """A JSON column as the raw driver returns it: decoded on PostgreSQL, text on MariaDB."""
-    return json.loads(value) if server.vendor == "mysql" else value
-
-
 def test_idle_consumer_survives_database_restart_and_wakes_up_again(fresh, tmp_path):
     """Idle through the restart, the consumer gets its wake-ups back (LISTEN on PostgreSQL).
 
@@ -327,6 +231,7 @@ def test_idle_consumer_survives_database_restart_and_wakes_up_again(fresh, tmp_p
     if a wake-up reaches the consumer: its idle wait has grown to seconds by then.
     """
     server = fresh
+    notify = has("notify")  # the throwaway server is of this run's kind (``server``)
     settings = {**FAST, "POLL_INTERVAL": 30}
     with consumer(server, tmp_path, "echo", settings=settings) as running:
         enqueue(server, "echo", "[{'n': 1}]")
@@ -349,7 +254,7 @@ def test_idle_consumer_survives_database_restart_and_wakes_up_again(fresh, tmp_p
             "a heartbeat after the restart",
             running,
         )
-        if server.vendor == "postgresql":
+        if notify:
             wait_for(
                 lambda: server.query(
                     "postgres",
@@ -372,7 +277,7 @@ def test_idle_consumer_survives_database_restart_and_wakes_up_again(fresh, tmp_p
 
     output = running.output()
     assert_backed_off(output, outage)
-    if server.vendor == "postgresql":
+    if notify:
         assert output.count("lost the LISTEN connection") == 1, output
         assert output.count("LISTEN failed") <= 2, output
 

@@ -5,11 +5,11 @@ consumer must not exit 1 with a traceback (a crash loop under systemd or ``--pro
 but wait with the loop's growing, jittered pauses, one log line per failed try, start as
 soon as the database is back, and exit 0 on SIGTERM while it waits.
 
-The throwaway servers of ``test_database_restart.py`` (its ``server`` fixture: one per
-vendor, run only in that vendor's pass, a failure instead of a skip under ``CI=true``) are
-stopped before the consumer starts. SQLite cannot be "down", but a database file it
-cannot open (a volume not mounted yet) failed the same way: its test runs in the SQLite
-pass.
+The throwaway servers of conftest.py's ``server`` fixture (as in test_database_restart.py:
+one per vendor, run only in that vendor's pass, a failure instead of a skip under
+``CI=true``) are stopped before the consumer starts. SQLite cannot be "down", but a
+database file it cannot open (a volume not mounted yet) failed the same way: its test
+runs in the SQLite pass.
 """
 
 from __future__ import annotations
@@ -28,14 +28,11 @@ from pathlib import Path
 
 import pytest
 
-from . import test_database_restart as restart
-from .test_consumer_processes import child_pids
-from .test_database_restart import DBNAME, DONE, FAST, ROOT, child_env, counts, enqueue, wait_for
+from tests.helpers import ROOT, child_pids
+
+from .servers import DBNAME, DONE, FAST, child_env, counts, enqueue, run_django, wait_for
 
 pytestmark = pytest.mark.slow
-
-# A throwaway server of each vendor, migrated, for this module (skipped in other passes).
-server = restart.server
 
 ITEMS = 20
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
@@ -242,7 +239,7 @@ def sqlite_env(path: Path) -> dict[str, str]:
 
 
 def sqlite_django(path: Path, *args: str) -> None:
-    restart.run_django(sqlite_env(path), *args)
+    run_django(sqlite_env(path), *args)
 
 
 def test_sqlite_consumer_waits_for_its_database_file(tmp_path, start):

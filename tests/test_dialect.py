@@ -1,0 +1,42 @@
+"""db/base.py: what every vendor's Dialect shares; the vendors' claims are in
+test_claim.py, their inserts in test_inserts.py."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_txqueue import Queue
+from django_txqueue.db import dialect_for
+from django_txqueue.models import QueueItem
+from tests.helpers import has
+
+
+def estimated_count(queryset, bound):
+    return dialect_for(queryset.db).estimated_count(queryset, bound)
+
+
+class TestEstimatedCount:
+    def test_exact_up_to_its_bound_reading_no_more_rows_than_that(self, db):
+        Queue("a").enqueue_many([{}] * 30)
+        with CaptureQueriesContext(connection) as queries:
+            assert estimated_count(QueueItem.objects.filter(queue="a"), 30) == 30
+        [count] = [q["sql"] for q in queries.captured_queries]
+        assert "LIMIT 31" in count.upper() and "EXPLAIN" not in count.upper()
+
+    def test_past_its_bound_an_estimate_never_below_the_rows_counted(self, db):
+        Queue("a").enqueue_many([{}] * 30)
+        Queue("b").enqueue_many([{}] * 5)
+        with CaptureQueriesContext(connection) as queries:
+            counted = estimated_count(QueueItem.objects.filter(queue="a"), 10)
+        statements = [q["sql"].upper() for q in queries.captured_queries]
+        assert "LIMIT 11" in statements[0]
+        if has("statistics"):
+            assert counted >= 11
+            assert len(statements) == 2 and statements[1].startswith("EXPLAIN")
+        else:  # exact again: no statistics to estimate from
+            assert counted == 30
+            assert len(statements) == 2 and "LIMIT" not in statements[1]
+
+    @pytest.mark.parametrize("bound", [0, 5])
+    def test_an_empty_queryset_is_zero(self, db, bound):
+        assert estimated_count(QueueItem.objects.filter(queue="none"), bound) == 0

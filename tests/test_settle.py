@@ -1,0 +1,278 @@
+"""django_txqueue.settle: what handlers came to, written by the consumer's main thread.
+
+One fenced acknowledgement per claim for the successes, a retry or a failure for each
+error, then the counters and signals; an outcome leaves ``unsettled`` only once the
+database has it.
+"""
+
+import logging
+import threading
+import time
+
+import pytest
+from django.db import DatabaseError, connection
+from django.test.utils import CaptureQueriesContext
+
+from django_txqueue import Status, signals, store
+from django_txqueue.execution import Outcome
+from django_txqueue.models import QueueItem
+from django_txqueue.settle import Settler
+from tests.helpers import expire
+
+
+def acknowledgements(queries):
+    """The UPDATEs that marked items DONE (status, result, finished_at, lease, fenced)."""
+    return [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith("UPDATE") and "finished_at" in q["sql"]
+    ]
+
+
+def failure(exc, item, **options):
+    outcome = Outcome(item)
+    try:
+        raise exc
+    except Exception as raised:
+        outcome.failed(raised, **options)
+    return outcome
+
+
+def stored(item):
+    return QueueItem.objects.get(pk=item.pk)
+
+
+class TestOutcome:
+    def test_a_failure_keeps_the_traceback_and_the_exception_class(self, queue):
+        item = queue.enqueue({})
+        outcome = failure(ValueError("no seat 12"), item, retry=False)
+        assert outcome.error.startswith("Traceback (most recent call last):")
+        assert outcome.error.rstrip().endswith("ValueError: no seat 12")
+        assert (outcome.error_class, outcome.retry) == ("builtins.ValueError", False)
+
+
+class TestSuccesses:
+    def test_a_claims_successes_are_acknowledged_in_one_statement(self, queue):
+        queue.enqueue_many([{"n": n} for n in range(5)])
+        claimed = queue.claim(5)
+        settler = Settler("default")
+        settler.put([Outcome(item, result={"n": item.payload["n"]}) for item in claimed[:3]])
+        settler.put([Outcome(item, result=None) for item in claimed[3:]])
+        with CaptureQueriesContext(connection) as queries:
+            settled = settler.settle()
+        assert len(settled) == 5 and settler.unsettled == []
+        assert len(acknowledgements(queries)) == 1
+        rows = {row.pk: row for row in queue.items.all()}
+        assert {row.status for row in rows.values()} == {Status.DONE}
+        assert [rows[item.pk].result for item in claimed] == [
+            {"n": 0},
+            {"n": 1},
+            {"n": 2},
+            None,
+            None,
+        ]
+        assert all(row.finished_at is not None for row in rows.values())
+        assert (settler.processed, settler.failed) == (5, 0)
+
+    def test_each_claim_gets_its_own_acknowledgement(self, queue):
+        queue.enqueue_many([{}] * 4)
+        first, second = queue.claim(2), queue.claim(2)
+        settler = Settler("default")
+        settler.put([Outcome(item) for item in first + second])
+        with CaptureQueriesContext(connection) as queries:
+            settler.settle()
+        assert len(acknowledgements(queries)) == 2
+        assert queue.count(status=Status.DONE) == 4
+
+    def test_nothing_received_writes_nothing(self, db):
+        settler = Settler("default")
+        with CaptureQueriesContext(connection) as queries:
+            assert settler.settle() == []
+        assert queries.captured_queries == []
+
+    def test_a_taken_over_claim_is_refused_logged_and_settled_all_the_same(self, queue, caplog):
+        """The first claim's lease ran out and another consumer claimed one item again: only
+        the item still held is acknowledged; the other stays the new claim's."""
+        queue.enqueue_many([{}] * 2)
+        kept, lost = queue.claim(2, pid="first")
+        expire(lost)
+        assert queue.requeue_stuck() == 1
+        [again] = queue.claim(1, pid="second")
+        settler = Settler("default")
+        settler.put([Outcome(kept), Outcome(lost)])
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.settle"):
+            assert len(settler.settle()) == 2
+        assert "1 of 2 acknowledgements refused: their claims were taken over" in caplog.text
+        assert settler.unsettled == []
+        assert stored(kept).status == Status.DONE
+        assert (stored(again).status, stored(again).pid) == (Status.IN_PROGRESS, "second")
+
+    def test_a_late_acknowledgement_does_not_count_as_processed(self, queue):
+        """The consumer's counters and signals see only what committed."""
+        queue.enqueue_many([{}, {}])
+        refused, accepted = queue.claim(2)
+        settler = Settler("default")
+        settler.put([Outcome(refused, acknowledged=False), Outcome(accepted, acknowledged=True)])
+        assert len(settler.settle()) == 2
+        assert (settler.processed, settler.failed) == (1, 0)
+        # The settler writes nothing for either: their handlers' transactions did.
+        assert set(queue.items.values_list("status", flat=True)) == {Status.IN_PROGRESS}
+
+
+class TestErrors:
+    def test_an_error_with_attempts_left_is_retried_later(self, queue, settings):
+        settings.TXQUEUE = {**settings.TXQUEUE, "RETRY_DELAY": 60, "RETRY_MAX_DELAY": 60}
+        item = queue.enqueue({}, max_attempts=3)
+        [claimed] = queue.claim()
+        settler = Settler("default")
+        settler.put([failure(ValueError("gateway down"), claimed)])
+        assert settler.settle()[0].item.pk == item.pk
+        row = stored(item)
+        assert (row.status, row.attempts, row.error_class) == (
+            Status.READY,
+            1,
+            "builtins.ValueError",
+        )
+        assert "ValueError: gateway down" in row.last_error
+        assert queue.claim() == []  # not due for half a minute at least
+        assert (settler.processed, settler.failed) == (0, 1)
+
+    def test_an_error_on_the_last_attempt_fails_the_item(self, queue):
+        item = queue.enqueue({}, max_attempts=1)
+        [claimed] = queue.claim()
+        settler = Settler("default")
+        settler.put([failure(ValueError("gateway down"), claimed)])
+        settler.settle()
+        row = stored(item)
+        assert (row.status, row.error_class) == (Status.FAILED, "builtins.ValueError")
+        assert row.finished_at is not None
+
+    def test_an_error_not_worth_a_retry_fails_at_once(self, queue):
+        item = queue.enqueue({}, max_attempts=5)
+        [claimed] = queue.claim()
+        settler = Settler("default")
+        settler.put([failure(TypeError("not JSON"), claimed, retry=False)])
+        settler.settle()
+        assert (stored(item).status, stored(item).attempts) == (Status.FAILED, 1)
+
+    def test_what_the_database_has_leaves_unsettled_the_rest_waits(self, queue, monkeypatch):
+        """The connection breaks at the retry: the acknowledgement before it is settled,
+        the error is written on a later turn."""
+        queue.enqueue_many([{}] * 2)
+        succeeded, failed = queue.claim(2)
+        settler = Settler("default")
+        settler.put([Outcome(succeeded), failure(ValueError("boom"), failed)])
+        retry = store.retry
+
+        def broken(*args, **kwargs):
+            raise DatabaseError("server closed the connection unexpectedly")
+
+        monkeypatch.setattr(store, "retry", broken)
+        with pytest.raises(DatabaseError):
+            settler.settle()
+        assert [outcome.item.pk for outcome in settler.unsettled] == [failed.pk]
+        assert (settler.processed, settler.failed) == (1, 0)
+        assert stored(succeeded).status == Status.DONE
+
+        monkeypatch.setattr(store, "retry", retry)
+        assert [outcome.item.pk for outcome in settler.settle()] == [failed.pk]
+        assert settler.unsettled == []
+        assert (settler.processed, settler.failed) == (1, 1)
+        assert stored(failed).status == Status.READY and "boom" in stored(failed).last_error
+
+
+class TestHeld:
+    """``settle(hold=True)`` leaves one claim's successes for the next claim to acknowledge
+    (``ack_and_claim``); ``acknowledged(count)`` settles them."""
+
+    def test_one_claims_successes_wait_for_the_next_claim(self, queue):
+        queue.enqueue_many([{}] * 3)
+        claimed = queue.claim(3)
+        settler = Settler("default")
+        settler.put([Outcome(item, result=item.pk) for item in claimed])
+        with CaptureQueriesContext(connection) as queries:
+            assert settler.settle(hold=True) == []
+        assert acknowledgements(queries) == []
+        assert settler.holding == 3
+        token, results = settler.held_ack()
+        assert token == claimed[0].claim_token
+        assert results == {item.pk: item.pk for item in claimed}
+        assert queue.count(status=Status.IN_PROGRESS) == 3  # nothing written yet
+
+        acknowledged, _ = queue.claims.ack_and_claim(token, results, 1)
+        assert [outcome.item.pk for outcome in settler.acknowledged(acknowledged)] == [
+            item.pk for item in claimed
+        ]
+        assert (settler.holding, settler.held_ack(), settler.unsettled) == (0, None, [])
+        assert settler.processed == 3
+        assert queue.count(status=Status.DONE) == 3
+
+    def test_errors_are_written_at_once_while_successes_are_held(self, queue):
+        queue.enqueue_many([{}] * 2)
+        succeeded, failed = queue.claim(2)
+        settler = Settler("default")
+        settler.put([Outcome(succeeded), failure(ValueError("boom"), failed, retry=False)])
+        assert [outcome.item.pk for outcome in settler.settle(hold=True)] == [failed.pk]
+        assert settler.holding == 1
+        assert stored(failed).status == Status.FAILED
+        assert stored(succeeded).status == Status.IN_PROGRESS
+
+    def test_nothing_held_acknowledges_nothing(self, db):
+        settler = Settler("default")
+        assert settler.held_ack() is None
+        assert settler.acknowledged(0) == []
+
+
+class TestWait:
+    def test_returns_when_an_outcome_arrives(self, queue):
+        item = queue.enqueue({})
+        settler = Settler("default")
+        timer = threading.Timer(0.1, settler.put, [[Outcome(item)]])
+        timer.start()
+        started = time.monotonic()
+        settler.wait(10)
+        assert time.monotonic() - started < 5
+        assert [outcome.item for outcome in settler.unsettled] == [item]
+        timer.join()
+
+    def test_gives_up_after_its_timeout(self, db):
+        settler = Settler("default")
+        started = time.monotonic()
+        settler.wait(0.2)
+        assert 0.15 <= time.monotonic() - started < 5
+        assert settler.unsettled == []
+
+
+class TestSignals:
+    def test_done_and_failed_are_sent_with_what_the_handler_came_to(self, queue, settings):
+        settings.TXQUEUE = {**settings.TXQUEUE, "RETRY_DELAY": 60}
+        queue.enqueue_many([{}] * 3)
+        done, retried, failed = queue.claim(3)
+        seen = []
+
+        def on_done(sender, item, result, duration, **kwargs):
+            seen.append(("done", item.pk, result, duration))
+
+        def on_failed(sender, item, error, will_retry, duration, **kwargs):
+            seen.append(("failed", item.pk, error.splitlines()[-1], will_retry, duration))
+
+        signals.item_done.connect(on_done)
+        signals.item_failed.connect(on_failed)
+        try:
+            settler = Settler("default")
+            settler.put(
+                [
+                    Outcome(done, result={"sent": 1}, duration=0.5),
+                    failure(ValueError("again"), retried),
+                    failure(ValueError("never"), failed, retry=False),
+                ]
+            )
+            settler.settle()
+        finally:
+            signals.item_done.disconnect(on_done)
+            signals.item_failed.disconnect(on_failed)
+        assert sorted(seen, key=lambda event: event[1]) == [
+            ("done", done.pk, {"sent": 1}, 0.5),
+            ("failed", retried.pk, "ValueError: again", True, 0.0),
+            ("failed", failed.pk, "ValueError: never", False, 0.0),
+        ]
