@@ -6,6 +6,7 @@ conftest.py holds the fixtures only, and imports what it needs from this module.
 import contextlib
 import datetime as dt
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -222,6 +223,17 @@ def runs_per_item():
     from tests.testapp.models import Run
 
     return dict(Run.objects.values_list("item_id").annotate(n=Count("id")))
+
+
+def kill_tree(process):
+    """Kill ``process`` (a Popen) and its children at once, without letting it start more:
+    a consumer, or a supervisor with its children each in a session of its own."""
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGSTOP)  # starts no more children
+        for pid in child_pids(process.pid):
+            os.kill(pid, signal.SIGKILL)
+        process.kill()
+    process.wait(timeout=10)
 
 
 def child_pids(pid):

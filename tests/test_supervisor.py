@@ -18,7 +18,7 @@ import pytest
 
 from django_txqueue import supervisor
 from django_txqueue.supervisor import MAX_RESTART_PAUSE, Supervisor, child_argv
-from tests.helpers import ROOT, child_pids, wait_for
+from tests.helpers import ROOT, child_pids, kill_tree, wait_for
 
 # A child: writes a file named by its pid when up, and one per signal it gets,
 # "<pid>.<SIGNAL>.<n>". It exits 0 on a signal; "stubborn" only on the second one;
@@ -96,12 +96,7 @@ class Supervised:
         return self.process.wait(timeout=timeout)
 
     def kill(self):
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGSTOP)  # starts no more children
-            for pid in child_pids(self.process.pid):
-                os.kill(pid, signal.SIGKILL)
-            self.process.kill()
-        self.process.wait(timeout=10)
+        kill_tree(self.process)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, child_pids
+from tests.helpers import ROOT, kill_tree
 
 from .servers import DBNAME, DONE, FAST, child_env, counts, enqueue, run_django, wait_for
 
@@ -76,12 +76,7 @@ class Consumer:
 
     def kill(self) -> None:
         """The consumer, or the supervisor and its children (each in a session of its own)."""
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGSTOP)  # starts no more children
-            for pid in child_pids(self.process.pid):
-                os.kill(pid, signal.SIGKILL)
-            self.process.kill()
-            self.process.wait(timeout=10)
+        kill_tree(self.process)
 
 
 @pytest.fixture
