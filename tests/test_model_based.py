@@ -117,7 +117,7 @@ COMMON = {
     "suppress_health_check": [HealthCheck.too_slow],
     "print_blob": True,
 }
-# ci: about 900 steps, 10 to 20 s per database on a small machine. long: about 24,000.
+# ci: about 1,100 steps, 10 to 20 s per database on a small machine; long: about 20,000.
 settings.register_profile("txqueue-model-ci", max_examples=20, stateful_step_count=50, **COMMON)
 settings.register_profile("txqueue-model-long", max_examples=300, stateful_step_count=80, **COMMON)
 PROFILE = os.environ.get("TXQUEUE_MODEL_PROFILE", "ci")
@@ -436,12 +436,13 @@ class QueueMachine(RuleBasedStateMachine):
     def purge_step(self, data):
         self.purge(self.draw_queue(data))
 
-    # Cancel and pause (DESIGN section 10, third round) do not exist yet. When they do:
-    # - ``maintain`` (or a rule of its own) cancels: QueueItem.cancel() on READY items and
-    #   on live and stale claims, Queue.cancel(...); the model's item becomes CANCELLED,
-    #   final like DONE (never claimed again, purged like DONE, its dedup key free, out of
-    #   MAX_SIZE), and cancel_requested() is checked on a running item;
-    # - a rule ``pause`` with Queue.pause(), .resume(), .is_paused(), the model keeping a
+    # Cancel and pause (DESIGN section 10, third round) do not exist yet. When they do,
+    # add them to actions() with a ``*_step`` method each:
+    # - "cancel": QueueItem.cancel() on READY items and on live and stale claims, and
+    #   Queue.cancel(...); the model's item becomes CANCELLED, final like DONE (never
+    #   claimed again, purged like DONE, its dedup key free, out of MAX_SIZE), and
+    #   cancel_requested() is checked on a running item;
+    # - "pause" and "resume": Queue.pause(), .resume(), .is_paused(), the model keeping a
     #   paused flag per queue: claim, ack_and_claim and dequeue of a paused queue take
     #   nothing while enqueue goes on;
     # - Model.counts() and check_reads() count CANCELLED (under the stats key it gets).
@@ -552,7 +553,7 @@ class QueueMachine(RuleBasedStateMachine):
         handle, serial, token = data.draw(
             st.sampled_from(self.handles if stale else live), label="claim acked"
         )
-        mine = [handle for handle, s, _ in self.handles if s == serial]
+        mine = [h for h, s, _ in self.handles if s == serial]
         acked = data.draw(st.lists(st.sampled_from(mine), min_size=1, unique=True))
         return {"serial": serial, "token": token, "handles": acked, "queue": handle.queue}
 
@@ -598,12 +599,12 @@ class QueueMachine(RuleBasedStateMachine):
             expected[0].attempts += 1
             expected[0].finished(DONE)
 
-    def settle(self, how, handle, serial, _token):
+    def settle(self, how, handle, serial, token):
         """An acknowledgement through a claimed item: it changes the row only while that
         claim still holds it; an expired lease alone does not fence."""
         self.touched.add(handle.queue)
         item = self.model.holds(handle.pk, serial)
-        taken_over = item is None and (handle, serial, _token) in self.taken_over_handles()
+        taken_over = item is None and (handle, serial, token) in self.taken_over_handles()
         if how == "ack":
             changed = handle.ack({"n": handle.payload["n"]})
             if item:
