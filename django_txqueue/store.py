@@ -298,6 +298,7 @@ def ack(item: QueueModel, result: Any = None) -> bool:
     still holds it."""
     if has_field(type(item), "result"):
         check_json(result, "result")
+    # _holds_no_claim(item), written out: so the type checker knows the token is set.
     if item.claim_token is None or item.status != Status.IN_PROGRESS:
         return False
     if not ack_many(type(item), item._state.db or "default", item.claim_token, {item.pk: result}):
@@ -387,6 +388,9 @@ def retry(
 ) -> bool:
     """Put the item back READY after ``delay`` (default: back-off with jitter), or FAILED
     once ``max_attempts`` claims have been spent."""
+    if _holds_no_claim(item):
+        # Before reading attempts: a release deferred them, and the row may be gone.
+        return False
     if item.attempts >= item.max_attempts:
         return fail(item, error, error_class=error_class)
     if delay is not None:
@@ -422,9 +426,15 @@ def release(item: QueueModel) -> bool:
     return _change_if_held(item, status=Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
 
 
+def _holds_no_claim(item: QueueModel) -> bool:
+    """Whether the item, as this process holds it, has no claim to settle: never claimed,
+    or settled already through it. No query: the row may be settled (or purged) too."""
+    return item.claim_token is None or item.status != Status.IN_PROGRESS
+
+
 def _change_if_held(item: QueueModel, **changes: Any) -> bool:
     """Apply ``changes`` only if the row is still IN_PROGRESS under this item's claim."""
-    if item.claim_token is None or item.status != Status.IN_PROGRESS:
+    if _holds_no_claim(item):
         return False
     changed = (
         type(item)

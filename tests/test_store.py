@@ -70,6 +70,19 @@ class TestFencing:
         expire(item)
         assert item.ack() is True
 
+    def test_retry_after_a_release_is_refused_without_reading_the_row(self, queue):
+        """The release deferred the item's attempts (the database computed them); retry()
+        is refused from what the item knows, as ack(), fail() and release() are, and does
+        not load them: once the row was purged that load raised DoesNotExist. Found by
+        test_model_based.py."""
+        queue.enqueue({})
+        [item] = queue.claim()
+        assert item.release() is True
+        QueueItem.objects.filter(pk=item.pk).delete()
+        with CaptureQueriesContext(connection) as queries:
+            assert item.retry("late") is False
+        assert queries.captured_queries == []
+
     def test_ack_twice(self, queue):
         queue.enqueue({})
         [item] = queue.claim()
