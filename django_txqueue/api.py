@@ -14,14 +14,12 @@ from functools import cached_property
 from typing import Any
 
 from django.db import router, transaction
-from django.db.models import Count, DurationField, ExpressionWrapper, Min
-from django.db.models.functions import Now
 
-from . import conf, fairness, store
+from . import conf, fairness, monitoring, store
 from .claims import Claims
 from .db import dialect_for
 from .db.inserts import inserts
-from .models import QueueBound, QueueItem, QueueItemQuerySet, any_status
+from .models import QueueBound, QueueItem, QueueItemQuerySet
 from .status import Status
 from .validation import (
     INT_RANGE,
@@ -33,10 +31,6 @@ from .validation import (
     validate_run_at,
 )
 from .wakeup import wake_local_consumers
-
-# Queue.stats() counts DONE items up to this many; past that, the planner's estimate
-# stands: counting a million finished rows reads them all.
-EXACT_DONE_UP_TO = 10_000
 
 
 def enqueue(
@@ -237,30 +231,9 @@ class Queue:
         """Counts per status, stuck items, and how long the oldest due item has waited;
         for a fair or ordered queue also ``keys_waiting`` and ``top_keys``.
 
-        Never reads all the finished rows: READY, IN_PROGRESS and FAILED items are counted
-        exactly from their indexes; DONE items exactly up to ``EXACT_DONE_UP_TO``, past
-        that the planner's estimate stands (PostgreSQL, MySQL).
+        Never reads all the finished rows (``monitoring.queue_stats``).
         """
-        indexed = any_status(Status.READY, Status.IN_PROGRESS, Status.FAILED)
-        counts = self.items.order_by().filter(indexed).values("status").annotate(n=Count("pk"))
-        by_status = {row["status"]: row["n"] for row in counts}
-        done = self.items.filter(status=Status.DONE)
-        by_status[Status.DONE] = dialect_for(self.using).estimated_count(done, EXACT_DONE_UP_TO)
-        waited = self.items.ready().aggregate(
-            age=ExpressionWrapper(Now() - Min("run_at"), output_field=DurationField())
-        )["age"]
-        stats = {
-            "queue": self.name,
-            "ready": by_status.get(Status.READY, 0),
-            "in_progress": by_status.get(Status.IN_PROGRESS, 0),
-            "done": by_status.get(Status.DONE, 0),
-            "failed": by_status.get(Status.FAILED, 0),
-            "stuck": self.items.stuck().count(),
-            "oldest_ready_age_s": max(waited.total_seconds(), 0.0) if waited else 0.0,
-        }
-        if fairness.needs_key(self.name):
-            stats.update(fairness.key_stats(self.items.filter(status=Status.READY)))
-        return stats
+        return monitoring.queue_stats(self.name, self.items)
 
     # -- maintaining ---------------------------------------------------------------
 

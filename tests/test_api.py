@@ -279,7 +279,7 @@ class TestInspect:
         assert 29 <= stats["oldest_ready_age_s"] < 120
 
     def test_stats_counts_done_items_only_up_to_a_bound(self, queue, monkeypatch):
-        monkeypatch.setattr("django_txqueue.api.EXACT_DONE_UP_TO", 2)
+        monkeypatch.setattr("django_txqueue.monitoring.EXACT_DONE_UP_TO", 2)
         queue.enqueue_many([{}] * 5)
         for item in queue.claim(5):
             item.ack()
