@@ -120,7 +120,7 @@ class Liveness:
         return float(min(conf.get("HEARTBEAT_INTERVAL"), shortest / 3))
 
     def _lease(self, queue: str) -> timedelta:
-        return conf.lease(queue) if self.lease is None else timedelta(seconds=self.lease)
+        return store.lease_of(queue, self.lease)
 
     def _beat(self) -> None:
         processed, failed = self.counters()

@@ -261,14 +261,19 @@ def claim_values(
     ``LEASE``; a claim across queues gives each row its queue's (``lease_by_queue``)."""
     validate_pid(pid)
     by_queue: dict[str, timedelta] = {}
-    if lease is not None:
-        duration = to_timedelta(lease, "lease")
-    elif statement.queue is not None:
-        duration = conf.lease(statement.queue)  # one queue: no per-row CASE in the claim
-    else:
-        duration = conf.lease()
-        by_queue = conf.lease_overrides() if statement.has_queues else {}
+    if lease is None and statement.queue is None and statement.has_queues:
+        by_queue = conf.lease_overrides()  # each row its queue's: a CASE in the claim
+    duration = lease_of(statement.queue, lease)
     return ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration, after, by_queue)
+
+
+def lease_of(queue: str | None, given: float | timedelta | None = None) -> timedelta:
+    """How long a claim of ``queue``'s items holds them: ``given`` (seconds or a timedelta,
+    the caller's or ``run_queue_consumer --lease``), else the queue's ``LEASE`` (None: the
+    top-level one). Claims and lease renewals both ask here."""
+    if given is not None:
+        return to_timedelta(given, "lease")
+    return conf.lease(queue)
 
 
 def _retrying_lock_conflicts(
