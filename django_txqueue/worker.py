@@ -239,10 +239,10 @@ class Worker:
         if getattr(self._local, "database_errors", 0) != self._database_errors:
             self._local.database_errors = self._database_errors
             close_broken_connections()
-        outcomes = []
+        outcomes, handlers = [], self.rotation.handlers
         for item in items:
             if self.in_flight.start(item):  # False: released by a shutdown meanwhile
-                outcomes.append(run_handler(self.handlers[item.queue], item))
+                outcomes.append(run_handler(handlers[item.queue], item))
             if self.stopping.is_set() and outcomes:  # stopping: report each as it ends
                 self.settler.put(outcomes)
                 outcomes = []

@@ -1,6 +1,7 @@
 """django_txqueue.registry: ``@handler("queue")``, the handlers a consumer serves, and
 ``autodiscover()`` of the installed apps' ``queues.py``."""
 
+import subprocess
 import sys
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from django_txqueue import registry
 from django_txqueue.backends import TASKS_FRAMEWORK, run_task
 from django_txqueue.registry import handler
+from tests.helpers import ROOT, child_env
 
 
 @pytest.fixture
@@ -123,3 +125,61 @@ class TestWithTheTasksBackend:
         registered("tasks-other")
         assert registry.handlers()["tasks-other"] is own
         assert registry.handlers()["default"] is run_task
+
+
+class Source:
+    """Handlers from elsewhere than @handler: ``known`` by name, ``found`` as they come."""
+
+    def __init__(self, known=None, found=None):
+        self.known, self.found = known or {}, found or {}
+
+    def handlers(self):
+        return dict(self.known)
+
+    def takes_any_queue(self):
+        return bool(self.found)
+
+    def find(self, queue):
+        return self.found.get(queue)
+
+
+def test_a_source_adds_its_handlers_and_finds_queues_nobody_named(monkeypatch):
+    monkeypatch.setattr(registry, "_sources", [])
+    monkeypatch.setattr(registry, "_handlers", {})
+    assert (registry.handlers(), registry.takes_any_queue(), registry.find("x")) == (
+        {},
+        False,
+        None,
+    )
+
+    def known(item):
+        pass
+
+    def found(item):
+        pass
+
+    source = Source(known={"known": known}, found={"arrived": found})
+    registry.add_source(source)
+    registry.add_source(source)  # once, however often
+    assert registry._sources == [source]
+    assert registry.handlers() == {"known": known}
+    assert registry.takes_any_queue() is True
+    assert (registry.find("arrived"), registry.find("other")) == (found, None)
+
+
+@pytest.mark.skipif(TASKS_FRAMEWORK is None, reason="no Django Tasks framework installed")
+def test_autodiscover_imports_the_tasks_backends_named_in_settings():
+    """In a fresh process the registry knows no Tasks queue until autodiscover() imports the
+    backend named in TASKS, which registers them: the registry never imports it."""
+    code = (
+        "import sys, django; django.setup(); from django_txqueue import registry; "
+        "before = sorted(registry.handlers()); registry.autodiscover(); "
+        "print(before, 'django_txqueue.backends' in sys.modules, "
+        "registry.handlers()['tasks-other'].__name__)"
+    )
+    env = {**child_env(), "TXQUEUE_TEST_NAME": ""}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "True", "run_task"]

@@ -4,8 +4,6 @@ idle and at least every POLL_INTERVAL; queues found as they come."""
 
 import time
 
-import pytest
-
 from django_txqueue import Queue
 from django_txqueue.outbox import QUEUE as OUTBOX
 from django_txqueue.rotation import Rotation
@@ -82,8 +80,3 @@ def test_new_queues_are_found_when_a_look_is_due(db, monkeypatch):
 def test_without_a_discoverer_it_never_looks(db):
     Queue("elsewhere").enqueue({})
     assert rotation("a").discover_new() == []
-
-
-@pytest.mark.parametrize("name", ["a", OUTBOX])
-def test_every_queue_it_serves_has_a_handler(name):
-    assert name in rotation("a").handlers
