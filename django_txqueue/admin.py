@@ -43,11 +43,11 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
 from . import conf
-from .api import requeue_all_stuck
+from .api import queue_databases, requeue_all_stuck
 from .chart import throughput_chart
 from .db import dialect_for
 from .models import Consumer, Dashboard, QueueItem, QueueItemQuerySet, Status, stuck_condition
-from .monitoring import overview, stuck_items
+from .monitoring import overview_of, stuck_items
 from .status import FINISHED
 
 # A colour per state; the label is always written too, so the colour is never the only cue.
@@ -457,8 +457,8 @@ class DashboardAdmin(DashboardModelAdmin):
         every ``refresh_seconds``."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        items = QueueItem.objects.all()  # on the database the item pages read
-        shown = overview(items, Consumer.objects.using(items.db))
+        # Every database queues are placed on (the item pages read the router's).
+        shown = overview_of(queue_databases())
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,

@@ -13,9 +13,10 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
-from django.db import router, transaction
+from django.db import connections, router, transaction
+from django.db.transaction import TransactionManagementError
 
-from . import conf, fairness, monitoring, store
+from . import conf, fairness, monitoring, registry, store
 from .claims import Claims
 from .db import dialect_for
 from .db.inserts import inserts
@@ -64,14 +65,55 @@ def enqueue_many(
     return Queue(queue, using=using).enqueue_many(payloads, **options)
 
 
+def home_database(queue: str) -> str:
+    """Where ``queue``'s rows live: its ``DATABASE`` setting, else ``TXQUEUE["DATABASE"]``,
+    else the router's answer for ``QueueItem`` (given the queue's name as the ``queue``
+    hint)."""
+    return str(conf.queue_option(queue, "DATABASE") or router.db_for_write(QueueItem, queue=queue))
+
+
+def default_database() -> str:
+    """Where queues live unless placed: ``TXQUEUE["DATABASE"]``, else the router's answer
+    for ``QueueItem``."""
+    return str(conf.get("DATABASE") or router.db_for_write(QueueItem))
+
+
+def queue_databases() -> list[str]:
+    """Every alias the settings place queues on: the default, each queue's ``DATABASE``,
+    and the Django Tasks backends' (registry sources)."""
+    placed = (options.get("DATABASE") for options in conf.get("QUEUES").values())
+    found = [default_database(), *filter(None, placed), *registry.databases()]
+    return list(dict.fromkeys(found))
+
+
+def refuse_other_transaction(using: str, what: str) -> None:
+    """Refuse to write ``what`` on database ``using`` while this thread has a transaction
+    open on another database only: the write would commit on its own, not with it."""
+    if connections[using].in_atomic_block:
+        return
+    for connection in connections.all(initialized_only=True):
+        if connection.in_atomic_block:
+            raise TransactionManagementError(
+                f"{what} lives on database {using!r}, but the transaction open here is on "
+                f"{connection.alias!r}: it would not commit or roll back with that "
+                f"transaction. Open the transaction on {using!r} (transaction.atomic(using="
+                f"{using!r})), put the queue on {connection.alias!r} (its DATABASE setting), "
+                f"or pass using={using!r} to write it on its own at once."
+            )
+
+
 class Queue:
-    """One named queue in one database: enqueue, claim, inspect and maintain it."""
+    """One named queue in one database: enqueue, claim, inspect and maintain it.
+
+    ``using`` places it; by default the queue's home (``home_database``). Enqueueing into a
+    queue placed by default refuses to run outside a transaction the caller has open on
+    another database; an explicit ``using`` says the caller knows.
+    """
 
     def __init__(self, name: str, using: str | None = None) -> None:
         self.name = validate_queue_name(name)
-        self.using: str = (
-            using or conf.queue_option(self.name, "DATABASE") or router.db_for_write(QueueItem)
-        )
+        self.chosen = using is not None
+        self.using: str = using or home_database(self.name)
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, using={self.using!r})"
@@ -130,6 +172,8 @@ class Queue:
 
     def _add(self, items: list[QueueItem], varying: list[str] | None) -> list[QueueItem]:
         """Give a fair queue's items their rounds, store them, wake idle consumers."""
+        if not self.chosen:
+            refuse_other_transaction(self.using, f"queue {self.name!r}")
         if fairness.is_fair(self.name):
             fairness.assign_rounds(items, self.using)
             varying = varying and [*varying, "round"]

@@ -24,12 +24,11 @@ from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import router
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from . import registry
-from .api import Queue, enqueue
+from .api import Queue, default_database, enqueue, home_database, refuse_other_transaction
 from .exceptions import NotJSONSerializable
 from .models import QueueItem, Status
 from .validation import queue_name_problem
@@ -130,6 +129,10 @@ class TxQueueBackend(BaseTaskBackend):
         self.validate_task(task)
         args = json_value(list(args), f"arguments of task {task.module_path}")
         kwargs = json_value(dict(kwargs), f"keyword arguments of task {task.module_path}")
+        using = self.database or home_database(task.queue_name)
+        # Placed by the backend's settings, not by the caller: it must still share the
+        # caller's transaction.
+        refuse_other_transaction(using, f"task {task.module_path} (queue {task.queue_name!r})")
         item = enqueue(
             task.queue_name,
             {
@@ -142,7 +145,7 @@ class TxQueueBackend(BaseTaskBackend):
             },
             priority=-task.priority,
             run_at=task.run_after,
-            using=self.database,
+            using=using,
         )
         result = task_result(item, task)
         task_enqueued.send(type(self), task_result=result)
@@ -173,8 +176,8 @@ class TxQueueBackend(BaseTaskBackend):
     def databases(self) -> list[str]:
         """Database aliases where this backend's queues live (usually one)."""
         if not self.queues:
-            return [self.database or router.db_for_write(QueueItem)]
-        aliases = (Queue(name, using=self.database).using for name in sorted(self.queues))
+            return [self.database or default_database()]
+        aliases = (self.database or home_database(name) for name in sorted(self.queues))
         return list(dict.fromkeys(aliases))
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -234,6 +237,15 @@ class TaskQueues:
 
     def find(self, queue: str) -> TaskHandler | None:
         return find_task_queue(queue)
+
+    def database(self, queue: str) -> str | None:
+        for backend in our_backends():
+            if backend.database and (not backend.queues or queue in backend.queues):
+                return backend.database
+        return None
+
+    def databases(self) -> list[str]:
+        return [alias for backend in our_backends() for alias in backend.databases()]
 
 
 task_queues = TaskQueues()

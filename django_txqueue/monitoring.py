@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.db.models import Count, DurationField, ExpressionWrapper, Min, QuerySet
@@ -33,6 +33,7 @@ EXACT_DONE_UP_TO = 10_000
 @dataclass
 class QueueRow:
     name: str
+    database: str = ""  # set where the overview spans several databases
     ready: int = 0
     in_progress: int = 0
     failed: int = 0
@@ -62,6 +63,7 @@ class Overview:
     minutes: list[Minute]
     consumers: int  # live ones, serving any queue
     generated_at: dt.datetime = field(default_factory=timezone.now)
+    databases: list[str] = field(default_factory=list)  # more than one: rows name theirs
 
     @property
     def keyed(self) -> list[QueueRow]:
@@ -109,6 +111,25 @@ def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
 
     minutes = last_hour(items, row)
     return Overview(sorted(rows.values(), key=lambda r: r.name), minutes, len(live))
+
+
+def overview_of(aliases: list[str]) -> Overview:
+    """``overview`` of the queues on each database alias, as one: rows name their
+    database when there is more than one, minutes and live consumers add up."""
+    parts = {
+        alias: overview(QueueItem.objects.using(alias), Consumer.objects.using(alias))
+        for alias in aliases
+    }
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    queues = [replace(row, database=alias) for alias, part in parts.items() for row in part.queues]
+    minutes = [Minute(minute.start) for minute in next(iter(parts.values())).minutes]
+    for part in parts.values():
+        for total, minute in zip(minutes, part.minutes, strict=True):
+            total.done += minute.done
+            total.failed += minute.failed
+    consumers = sum(part.consumers for part in parts.values())
+    return Overview(queues, minutes, consumers, databases=list(parts))
 
 
 def last_hour(items: QuerySet[QueueItem], row: Callable[[str], QueueRow]) -> list[Minute]:

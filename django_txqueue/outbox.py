@@ -23,7 +23,7 @@ from django.db import connections, transaction
 from django.utils.module_loading import import_string
 
 from . import conf, store
-from .api import Queue
+from .api import Queue, refuse_other_transaction
 from .models import QueueItem
 from .validation import check_json
 
@@ -43,6 +43,7 @@ def on_commit(func: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
     check_json(list(args), f"the arguments of {path}")
     check_json(kwargs, f"the keyword arguments of {path}")
     using = Queue(QUEUE).using
+    refuse_other_transaction(using, f"on_commit({path})")
     if not connections[using].in_atomic_block:
         func(*args, **kwargs)
         return

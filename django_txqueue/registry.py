@@ -35,6 +35,15 @@ class Source(Protocol):
         """The handler for ``queue``, a queue with ready items that has none, or None."""
         ...
 
+    def database(self, queue: str) -> str | None:
+        """The alias this source keeps ``queue`` on, or None (not its queue, or the
+        queue's own home)."""
+        ...
+
+    def databases(self) -> list[str]:
+        """Every alias this source's queues may be on (queues found by ``find`` too)."""
+        ...
+
 
 _handlers: dict[str, Handler] = {}
 _atomic: set[str] = set()
@@ -110,6 +119,19 @@ def find(queue: str) -> Handler | None:
         if found is not None:
             return found
     return None
+
+
+def database(queue: str) -> str | None:
+    """The alias a source keeps ``queue`` on (a Tasks backend's ``DATABASE``), or None."""
+    for source in _sources:
+        if (found := source.database(queue)) is not None:
+            return found
+    return None
+
+
+def databases() -> list[str]:
+    """Every alias the sources' queues may be on."""
+    return list(dict.fromkeys(alias for source in _sources for alias in source.databases()))
 
 
 def is_atomic(queue: str) -> bool:

@@ -41,28 +41,34 @@ MAX_DATAGRAM = 512
 
 
 class Waiter:
-    """Blocks an idle consumer until a wake-up, a stop request or the timeout.
+    """Blocks an idle consumer until a wake-up, a stop request or the timeout, listening
+    on each of its databases (``aliases``, or one alias).
 
-    Its first wait must come after the consumer's row is registered with ``address``.
+    Its first wait must come after the consumer's rows are registered with ``address``.
     """
 
-    def __init__(self, alias: str, queues: list[str]) -> None:
-        self.alias = alias
+    def __init__(self, aliases: str | list[str], queues: list[str]) -> None:
+        self.aliases = [aliases] if isinstance(aliases, str) else list(aliases)
         self.queues = set(queues)
         self._stop_read, self._stop_write = os.pipe()
         self._closed = False
         self._closing = threading.RLock()
         os.set_blocking(self._stop_write, False)
-        self.listener: Listener | None = None
+        # The LISTEN connections open on the first wait: building a Waiter needs no database.
+        self.notifying = [alias for alias in self.aliases if dialect_for(alias).has_notify]
+        self.listeners: dict[str, Listener] = {}
         self.socket: socket.socket | None = None
         # Until then producers may not know this consumer's address: set on the first wait.
         self.unknown_until: float | None = None
-        self.dialect = dialect_for(alias)
-        # The LISTEN connection opens on the first wait: building a Waiter needs no database.
-        if not self.dialect.has_notify and conf.get("LOCAL_WAKEUP"):
+        if len(self.notifying) < len(self.aliases) and conf.get("LOCAL_WAKEUP"):
             self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             self.socket.bind(("127.0.0.1", 0))
             self.socket.setblocking(False)
+
+    @property
+    def listener(self) -> Listener | None:
+        """The LISTEN connection of a waiter on one PostgreSQL database (or None)."""
+        return next(iter(self.listeners.values()), None)
 
     @property
     def address(self) -> str:
@@ -72,25 +78,26 @@ class Waiter:
         host, port = self.socket.getsockname()
         return f"{host}:{port}"
 
-    def _listen(self) -> None:
+    def _listen(self, alias: str) -> None:
         try:
-            self.listener = self.dialect.listen(self.alias)
+            listener = dialect_for(alias).listen(alias)
         except Exception as exc:  # the database is down: poll until it is back
-            logger.warning("LISTEN failed, polling instead: %s", one_line(exc))
-            self.listener = None
+            logger.warning("LISTEN on %r failed, polling instead: %s", alias, one_line(exc))
+            return
+        if listener is not None:
+            self.listeners[alias] = listener
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; True if woken for one of our queues."""
-        if self.listener is None and self.dialect.has_notify:
-            self._listen()
+        for alias in self.notifying:
+            if alias not in self.listeners:
+                self._listen(alias)
         if self.socket is not None:
             if self.unknown_until is None:
                 self.unknown_until = time.monotonic() + ADDRESS_CACHE_SECONDS
             if time.monotonic() < self.unknown_until:
                 timeout = min(timeout, NEW_CONSUMER_POLL)
-        sources: list[Any] = [self._stop_read]
-        if self.listener is not None:
-            sources.append(self.listener)
+        sources: list[Any] = [self._stop_read, *self.listeners.values()]
         if self.socket is not None:
             sources.append(self.socket)
         deadline = time.monotonic() + timeout
@@ -113,12 +120,16 @@ class Waiter:
                     names.add(self.socket.recv(MAX_DATAGRAM).decode(errors="replace"))
                 except BlockingIOError:
                     break
-        if self.listener is not None and self.listener in ready:
+        for alias, listener in list(self.listeners.items()):
+            if listener not in ready:
+                continue
             try:
-                names |= self.listener.drain()
+                names |= listener.drain()
             except Exception as exc:
-                logger.warning("lost the LISTEN connection, polling until back: %s", exc)
-                self.close_listener()
+                logger.warning(
+                    "lost the LISTEN connection to %r, polling until back: %s", alias, exc
+                )
+                self.close_listener(alias)
                 return True
         return bool(names & self.queues)
 
@@ -133,11 +144,13 @@ class Waiter:
             with contextlib.suppress(BlockingIOError):  # already pending
                 os.write(self._stop_write, b"x")
 
-    def close_listener(self) -> None:
-        if self.listener is not None:
-            with contextlib.suppress(Exception):  # closing a broken connection
-                self.listener.close()
-            self.listener = None
+    def close_listener(self, alias: str | None = None) -> None:
+        """Close the LISTEN connection to ``alias`` (None: every one)."""
+        for name in [alias] if alias is not None else list(self.listeners):
+            listener = self.listeners.pop(name, None)
+            if listener is not None:
+                with contextlib.suppress(Exception):  # closing a broken connection
+                    listener.close()
 
     def close(self) -> None:
         with self._closing:

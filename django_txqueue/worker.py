@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import Error as DatabaseError
 from django.db import InterfaceError, OperationalError, connections
@@ -52,8 +52,22 @@ class Progress:
     in_flight: int
 
 
+@dataclass
+class Station:
+    """One database a consumer serves: its queues in turn (``Rotation``), where their
+    claims resume, its settler, and (made by ``Worker.run()``) its liveness thread."""
+
+    alias: str
+    rotation: Rotation
+    settler: Settler
+    acks_while_claiming: bool
+    resumes: dict[str, Resume] = field(default_factory=dict)
+    liveness: Liveness | None = None
+
+
 class Worker:
-    """Consume ``handlers``' queues from database ``using`` until stopped (or drained).
+    """Consume ``handlers``' queues until stopped (or drained): all from database
+    ``using``, or, given ``{alias: [queue, ...]}``, each from its own, in one loop.
 
     ``discover``, if given, is asked for a handler for each queue with ready items
     that has none yet (None: not ours), every few seconds (``Rotation``). Every worker
@@ -65,7 +79,7 @@ class Worker:
     def __init__(
         self,
         handlers: dict[str, registry.Handler],
-        using: str = "default",
+        using: str | dict[str, list[str]] = "default",
         concurrency: int = 1,
         batch: int | None = None,
         strategy: str = "auto",
@@ -76,8 +90,18 @@ class Worker:
         progress_interval: float = 5.0,
         discover: Callable[[str], registry.Handler | None] | None = None,
     ) -> None:
-        self.rotation = Rotation(handlers, using, discover)
-        self.using = using
+        placed = {using: list(handlers)} if isinstance(using, str) else using
+        self.stations = {
+            alias: Station(
+                alias,
+                Rotation({name: handlers[name] for name in names}, alias, discover),
+                Settler(alias),
+                dialect_for(alias).acks_while_claiming,
+            )
+            for alias, names in placed.items()
+        }
+        self.using = next(iter(self.stations))  # the first database, where one is meant
+        self._first_station = 0  # the station to claim from first, in turn
         self.concurrency = concurrency
         self.batch = batch or concurrency
         # With several handler threads the next batch is claimed while one runs, so that
@@ -94,14 +118,10 @@ class Worker:
         # Its own identity, even beside another Worker in this process: one Consumer row each.
         self.identity = store.new_identity()
         self.stopping = threading.Event()
-        # Where each queue's next claim starts (``Resume``), made at its first claim.
-        self.resumes: dict[str, Resume] = {}
-        self.settler = Settler(using)
-        self.acks_while_claiming = dialect_for(using).acks_while_claiming
         self.in_flight = InFlight()
+        self._outcomes_arrived = threading.Event()
         # Made by run(), which closes them: the wake-up socket and the threads.
         self.waiter: Waiter
-        self.liveness: Liveness
         self.threads: HandlerThreads
         self._idle_wait = FIRST_IDLE_WAIT
         self._error_backoff = 0.0
@@ -113,32 +133,45 @@ class Worker:
         self._local = threading.local()
 
     @property
+    def rotation(self) -> Rotation:
+        """The first station's rotation (the only one of a worker on one database)."""
+        return self.stations[self.using].rotation
+
+    @property
+    def settler(self) -> Settler:
+        """The first station's settler (the only one of a worker on one database)."""
+        return self.stations[self.using].settler
+
+    @property
     def handlers(self) -> dict[str, registry.Handler]:
-        return self.rotation.handlers
+        return {n: h for s in self.stations.values() for n, h in s.rotation.handlers.items()}
 
     @property
     def queues(self) -> dict[str, Queue]:
-        return self.rotation.queues
+        """Every queue served, by name (on several databases, ``Queue.using`` tells)."""
+        return {n: q for s in self.stations.values() for n, q in s.rotation.queues.items()}
 
     @property
     def processed(self) -> int:
-        return self.settler.processed
+        return sum(station.settler.processed for station in self.stations.values())
 
     @property
     def failed(self) -> int:
-        return self.settler.failed
+        return sum(station.settler.failed for station in self.stations.values())
 
     def run(self) -> int:
         """Consume until ``stop()`` (or, with ``burst``, until nothing is due). Exit code."""
-        self.waiter = Waiter(self.using, self.rotation.woken_for())
+        woken_for = [name for s in self.stations.values() for name in s.rotation.woken_for()]
+        self.waiter = Waiter(list(self.stations), woken_for)
         if self.stopping.is_set():  # stopped before it had a waiter to interrupt
             self.waiter.interrupt()
-        self.liveness = self._liveness(self.waiter.address)
+        for station in self.stations.values():
+            station.liveness = self._liveness(station, self.waiter.address)
         self.threads = HandlerThreads(self.concurrency, self._run_handlers)
         logger.info(
             "consumer %s started: queues %s, batch %d",
             self.identity,
-            ", ".join(self.queues) or "(found as items arrive)",
+            ", ".join(self._queue_names()) or "(found as items arrive)",
             self.batch,
         )
         self.threads.start()
@@ -164,43 +197,54 @@ class Worker:
         if waiter is not None:
             waiter.interrupt()
 
-    def _liveness(self, wakeup_address: str) -> Liveness:
+    def _queue_names(self) -> list[str]:
+        """The queues served, each with its database where there are several."""
+        several = len(self.stations) > 1
+        return [
+            f"{name} ({alias})" if several else name
+            for alias, station in self.stations.items()
+            for name in station.rotation.queues
+        ]
+
+    def _liveness(self, station: Station, wakeup_address: str) -> Liveness:
+        """The Consumer row on ``station``'s database, and the thread that keeps it, the
+        leases of the items claimed there, and its rescues and purges."""
         consumer = Consumer(
             identity=self.identity,
             host=socket.gethostname(),
             os_pid=os.getpid(),
-            queues=list(self.queues),
+            queues=list(station.rotation.queues),
             wakeup_address=wakeup_address,
         )
+        settler, alias = station.settler, station.alias
         return Liveness(
             consumer,
-            self.using,
-            queues=lambda: list(self.queues.values()),
-            held=self.in_flight.held,
+            alias,
+            queues=lambda: list(station.rotation.queues.values()),
+            held=self.in_flight.held if len(self.stations) == 1 else self.in_flight.on(alias),
             lease=self.lease,
-            counters=lambda: (self.processed, self.failed),
+            counters=lambda: (settler.processed, settler.failed),
             stopping=self.stopping,
-            on_database_error=self._database_error,
+            on_database_error=lambda: self._database_error(alias),
         )
 
     def _turn(self) -> bool:
         """One turn of the loop; False when a burst run has drained its queues."""
         forget_queries()
-        self.liveness.start()
-        for name in self.rotation.discover_new():
-            self.waiter.queues.add(name)
-        # Where it saves a round trip or a commit, the successes' acknowledgement rides
-        # with the claim.
-        self.in_flight.remove(self.settler.settle(hold=self.acks_while_claiming))
-        free = min(self.batch, self.capacity - len(self.in_flight) + self.settler.holding)
-        claimed = self._claim(free) if free > 0 else []
-        if self.settler.holding:  # no claim ran to take it
-            self.in_flight.remove(self.settler.settle())
+        stations = list(self.stations.values())
+        for station in stations:
+            self._settle(station)
+        claimed = False
+        first = self._first_station  # in turn, so that one database cannot take all room
+        for position, station in enumerate(stations[first:] + stations[:first], first):
+            if self._claim_for(station):
+                claimed = True
+                self._first_station = (position + 1) % len(stations)
         if claimed:
             self._idle_wait = FIRST_IDLE_WAIT
-            self._dispatch(claimed)
         elif len(self.in_flight):
-            self.settler.wait(timeout=0.2)
+            self._outcomes_arrived.wait(timeout=0.2)
+            self._outcomes_arrived.clear()
         elif self.burst:
             return False
         else:
@@ -208,19 +252,43 @@ class Worker:
             self._idle_wait = min(self._idle_wait * 2, conf.get("POLL_INTERVAL"))
         return True
 
-    def _claim(self, limit: int) -> list[QueueItem]:
-        """Claim from the queues in the rotation's order (``Rotation``)."""
-        return self.rotation.first_to_give(lambda name: self._claim_from(name, limit))
+    def _settle(self, station: Station) -> None:
+        """Start ``station``'s liveness (once), look for new queues there, and write what
+        its handlers came to; where it saves a round trip or a commit, the successes'
+        acknowledgement is held to ride with the next claim."""
+        assert station.liveness is not None  # noqa: S101 - made by run()
+        station.liveness.start()
+        for name in station.rotation.discover_new():
+            self.waiter.queues.add(name)
+        self.in_flight.remove(station.settler.settle(hold=station.acks_while_claiming))
 
-    def _claim_from(self, name: str, limit: int) -> list[QueueItem]:
-        queue, held = self.queues[name], self.settler.held_ack()
-        if name not in self.resumes:
-            self.resumes[name] = Resume(queue.claims)
-        acknowledged, items = self.resumes[name].ack_and_claim(
+    def _claim_for(self, station: Station) -> bool:
+        """Claim from ``station``'s queues if there is room; True if it gave items."""
+        settler = station.settler
+        # Held successes are finished: their room is free, whichever station holds them
+        # (one that cannot ride with this claim is written on its own below).
+        held = sum(other.settler.holding for other in self.stations.values())
+        free = min(self.batch, self.capacity - len(self.in_flight) + held)
+        claimed = self._claim(station, free) if free > 0 else []
+        if settler.holding:  # no claim ran to take it
+            self.in_flight.remove(settler.settle())
+        if claimed:
+            self._dispatch(claimed)
+        return bool(claimed)
+
+    def _claim(self, station: Station, limit: int) -> list[QueueItem]:
+        """Claim from ``station``'s queues in its rotation's order (``Rotation``)."""
+        return station.rotation.first_to_give(lambda name: self._claim_from(station, name, limit))
+
+    def _claim_from(self, station: Station, name: str, limit: int) -> list[QueueItem]:
+        queue, held = station.rotation.queues[name], station.settler.held_ack()
+        if name not in station.resumes:
+            station.resumes[name] = Resume(queue.claims)
+        acknowledged, items = station.resumes[name].ack_and_claim(
             *(held or (0, {})), limit, pid=self.identity, strategy=self.strategy, lease=self.lease
         )
         if held is not None:
-            self.in_flight.remove(self.settler.acknowledged(acknowledged))
+            self.in_flight.remove(station.settler.acknowledged(acknowledged))
         return items
 
     def _dispatch(self, items: list[QueueItem]) -> None:
@@ -239,15 +307,21 @@ class Worker:
         if getattr(self._local, "database_errors", 0) != self._database_errors:
             self._local.database_errors = self._database_errors
             close_broken_connections()
-        outcomes, handlers = [], self.rotation.handlers
+        # A share comes from one claim, so from one station.
+        station = self.stations[items[0]._state.db or self.using]
+        outcomes, handlers = [], station.rotation.handlers
         for item in items:
             if self.in_flight.start(item):  # False: released by a shutdown meanwhile
                 outcomes.append(run_handler(handlers[item.queue], item))
             if self.stopping.is_set() and outcomes:  # stopping: report each as it ends
-                self.settler.put(outcomes)
+                self._report(station, outcomes)
                 outcomes = []
         if outcomes:
-            self.settler.put(outcomes)  # the share at once: one acknowledgement
+            self._report(station, outcomes)  # the share at once: one acknowledgement
+
+    def _report(self, station: Station, outcomes: list[Outcome]) -> None:
+        station.settler.put(outcomes)
+        self._outcomes_arrived.set()
 
     def _recover(self, exc: DatabaseError) -> None:
         """A lost connection: log, back off (with jitter), reconnect on the next turn.
@@ -259,13 +333,14 @@ class Worker:
         logger.warning(
             "database error, retrying in %.1f s: %s", self._error_backoff, one_line(exc)
         )
-        self._database_error()
+        for alias in self.stations:
+            self._database_error(alias)
         self.stopping.wait(jittered(self._error_backoff))
 
-    def _database_error(self) -> None:
-        """Count the error and drop this thread's connection if it broke."""
+    def _database_error(self, alias: str) -> None:
+        """Count the error and drop this thread's connection to ``alias`` if it broke."""
         self._database_errors += 1
-        close_if_broken(self.using)
+        close_if_broken(alias)
 
     def _report_progress(self) -> None:
         started, processed_then = self._last_report
@@ -273,7 +348,11 @@ class Worker:
         if elapsed < self.progress_interval:
             return
         try:
-            backlog = sum(queue.approximate_count() for queue in self.queues.values())
+            backlog = sum(
+                queue.approximate_count()
+                for station in self.stations.values()
+                for queue in station.rotation.queues.values()
+            )
         except DatabaseError:
             backlog = -1
         progress = Progress(
@@ -303,13 +382,17 @@ class Worker:
             for item in self.in_flight.take_unstarted():
                 store.release(item)
             while len(self.in_flight) and time.monotonic() < deadline:
-                self.settler.wait(timeout=min(0.2, max(deadline - time.monotonic(), 0)))
-                self.in_flight.remove(self.settler.settle())
+                self._outcomes_arrived.wait(timeout=min(0.2, max(deadline - time.monotonic(), 0)))
+                self._outcomes_arrived.clear()
+                for station in self.stations.values():
+                    self.in_flight.remove(station.settler.settle())
             if len(self.in_flight):
                 logger.warning(
                     "shutdown timeout: %d items left IN_PROGRESS for rescue", len(self.in_flight)
                 )
-            self.liveness.stop()
+            for station in self.stations.values():
+                if station.liveness is not None:
+                    station.liveness.stop()
         except DatabaseError as exc:
             logger.warning("could not finish the shutdown cleanly: %s", exc)
         finally:
@@ -354,6 +437,14 @@ class InFlight:
     def held(self) -> Iterator[tuple[QueueItem, float | None]]:
         with self._lock:
             return iter(list(self._started.values()))
+
+    def on(self, alias: str) -> Callable[[], Iterator[tuple[QueueItem, float | None]]]:
+        """``held``, of the items claimed on database ``alias`` only."""
+
+        def held_there() -> Iterator[tuple[QueueItem, float | None]]:
+            return (pair for pair in self.held() if pair[0]._state.db == alias)
+
+        return held_there
 
     def take_unstarted(self) -> list[QueueItem]:
         """Remove and return the items no handler has started."""

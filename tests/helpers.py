@@ -178,6 +178,7 @@ def child_env():
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "TXQUEUE_TEST_NAME": str(connection.settings_dict["NAME"]),
+        "TXQUEUE_TEST_OTHER_NAME": str(connections["other"].settings_dict["NAME"]),
         "PYTHONPATH": str(ROOT),
     }
 

@@ -8,6 +8,7 @@ tests pass TXQUEUE_TEST_NAME so they open the test database, not the real one.
 import json
 import os
 import tempfile
+from typing import Any
 
 SECRET_KEY = "tests-only"  # noqa: S105
 USE_TZ = True
@@ -96,6 +97,38 @@ elif VENDOR == "mysql":
     }
 else:
     raise RuntimeError(f"TXQUEUE_TEST_DB must be sqlite, postgresql or mysql, not {VENDOR!r}")
+
+
+def _second(vendor: str) -> dict[str, Any]:
+    """A second database for queues placed elsewhere (tests/test_databases.py): on the
+    same server by default, on another vendor's (TXQUEUE_TEST_OTHER_DB), or on another
+    server (TXQUEUE_TEST_OTHER_PORT)."""
+    name, test_name = os.environ.get("TXQUEUE_TEST_OTHER_NAME"), f"{_test_name}_other"
+    if vendor == "sqlite":
+        file = os.path.join(tempfile.gettempdir(), f"{test_name}-{os.getuid()}.sqlite3")
+        return {**DATABASES["default"], "NAME": name or file, "TEST": {"NAME": file}}
+    engine, port, user = {
+        "postgresql": ("postgresql", "5432", "postgres"),
+        "mysql": ("mysql", "3306", "root"),
+    }[vendor]
+    if vendor == VENDOR:  # the default's server, and in a child told nothing of it, its
+        # database: Django's checks connect to every alias
+        port, user = str(DATABASES["default"]["PORT"]), str(DATABASES["default"]["USER"])
+        name = name or str(DATABASES["default"]["NAME"])
+    # tests/e2e/test_two_servers.py moves it to a throwaway server of its own.
+    return {
+        "ENGINE": f"django.db.backends.{engine}",
+        "NAME": name or "test",
+        "USER": os.environ.get("TXQUEUE_TEST_OTHER_USER", user),
+        "HOST": HOST,
+        "PORT": os.environ.get("TXQUEUE_TEST_OTHER_PORT", port),
+        "TEST": {"NAME": test_name},
+        **({"OPTIONS": {"charset": "utf8mb4"}} if vendor == "mysql" else {}),
+    }
+
+
+OTHER_VENDOR = os.environ.get("TXQUEUE_TEST_OTHER_DB", VENDOR)
+DATABASES["other"] = _second(OTHER_VENDOR)
 
 TXQUEUE = {
     "QUEUES": {

@@ -322,7 +322,9 @@ class TestRunQueueConsumer:
         assert "run `python manage.py migrate`" in done.stderr
         assert "retrying" not in done.stderr
 
-    def test_a_consumer_stopped_by_its_checks_leaves_nothing_open(self, db, settings):
+    # Django's model checks ask every database's features (SQLite's JSON support: a query).
+    @pytest.mark.django_db(databases=["default", "other"])
+    def test_a_consumer_stopped_by_its_checks_leaves_nothing_open(self, settings):
         """The wake-up socket and pipe a consumer opens when it is made are closed when
         the system checks stop it before it runs."""
         settings.TXQUEUE = {**settings.TXQUEUE, "NO_SUCH_KEY": 1}

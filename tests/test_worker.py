@@ -101,7 +101,7 @@ class TestFailures:
 
     def test_non_json_result_fails_at_once(self, monkeypatch):
         worker = worker_for("echo", burst=True)
-        worker.handlers["echo"] = lambda item: {1, 2}
+        worker.rotation.handlers["echo"] = lambda item: {1, 2}
         item = Queue("echo").enqueue({}, max_attempts=5)
         worker.run()
         stored = QueueItem.objects.get(pk=item.pk)

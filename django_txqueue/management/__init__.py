@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from django.core.management.base import CommandError, CommandParser
-from django.db import connections, router
+from django.db import connections
 
-from .. import conf
-from ..api import Queue
+from .. import registry
+from ..api import Queue, default_database, home_database, queue_databases
 from ..models import QueueItem
 
 
@@ -23,7 +23,7 @@ def add_queue_arguments(parser: CommandParser, verb: str) -> None:
 def default_alias(database: str | None) -> str:
     """``--database``, checked; else the alias the queue tables live on by default."""
     if database is None:
-        return str(conf.get("DATABASE") or router.db_for_write(QueueItem))
+        return default_database()
     if database not in connections:
         known = ", ".join(sorted(connections))
         raise CommandError(f"Unknown database alias {database!r}; DATABASES has: {known}.")
@@ -32,12 +32,21 @@ def default_alias(database: str | None) -> str:
 
 def own_queue(name: str, database: str | None) -> tuple[str, str]:
     """The alias and checked queue name of a command that works on a queue of its own
-    (the optional apps' ``txqueue_bench`` and ``txqueue_chaos``)."""
-    alias = default_alias(database)
+    (the optional apps' ``txqueue_bench`` and ``txqueue_chaos``): ``--database``, else
+    where the queue is placed."""
     try:
-        return alias, Queue(name, using=alias).name
+        queue = Queue(name, using=database and default_alias(database))
     except (TypeError, ValueError) as exc:
         raise CommandError(str(exc)) from exc
+    return queue.using, queue.name
+
+
+def queue_home(name: str, database: str | None) -> str:
+    """Where a consumer finds queue ``name``'s items: ``--database``, else where its
+    handler's source keeps it (a Tasks backend's ``DATABASE``), else its home."""
+    if database is not None:
+        return default_alias(database)
+    return registry.database(name) or home_database(name)
 
 
 def queue_names(alias: str) -> list[str]:
@@ -47,12 +56,13 @@ def queue_names(alias: str) -> list[str]:
 
 
 def selected_queues(names: Sequence[str], database: str | None) -> list[Queue]:
-    """The queues named (each on ``--database``, else where it is configured to live),
-    or, with no names, every queue that has items on ``--database`` (or the default)."""
-    alias = default_alias(database)
+    """The queues named (each on ``--database``, else where it is placed), or, with no
+    names, every queue that has items on ``--database`` (or on any database the
+    settings place queues on)."""
     if not names:
-        return [Queue(name, using=alias) for name in queue_names(alias)]
+        aliases = [default_alias(database)] if database else queue_databases()
+        return [Queue(name, using=alias) for alias in aliases for name in queue_names(alias)]
     try:
-        return [Queue(name, using=database) for name in dict.fromkeys(names)]
+        return [Queue(name, using=queue_home(name, database)) for name in dict.fromkeys(names)]
     except (TypeError, ValueError) as exc:
         raise CommandError(str(exc)) from exc

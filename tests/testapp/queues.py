@@ -15,6 +15,13 @@ def echo(item):
     return item.payload
 
 
+@handler("elsewhere")
+def elsewhere(item):
+    """Records its run on the item's own database (the queue lives on alias "other")."""
+    Run.objects.using(item._state.db).create(item_id=item.pk, consumer=item.pid)
+    return item.payload
+
+
 @handler("boom")
 def boom(item):
     raise ValueError(f"boom {item.payload}")

@@ -18,7 +18,7 @@ from ... import conf, registry
 from ...readiness import missing_tables, wait_for_database
 from ...supervisor import Supervisor, child_argv
 from ...worker import Progress, Worker
-from .. import default_alias
+from .. import default_alias, queue_home
 
 
 def positive_int(value: str) -> int:
@@ -34,6 +34,21 @@ def positive_seconds(value: str) -> float:
     if not (math.isfinite(number) and number > 0):
         raise ValueError(value)
     return number
+
+
+def placement(
+    names: list[str], database: str | None, *, discovering: bool
+) -> dict[str, list[str]]:
+    """``{alias: [queue, ...]}``: every queue on ``--database``, else each where it lives
+    (``queue_home``); a consumer that finds queues as they come also looks on the
+    databases of the default and of the Tasks backends."""
+    placed: dict[str, list[str]] = {default_alias(database): []} if database else {}
+    for name in names:
+        placed.setdefault(queue_home(name, database), []).append(name)
+    if discovering and not database:
+        for alias in [default_alias(None), *registry.databases()]:
+            placed.setdefault(alias, [])
+    return placed
 
 
 class Command(BaseCommand):
@@ -93,13 +108,13 @@ class Command(BaseCommand):
                 "or configure the Django Tasks backend."
             )
             raise CommandError(f"{problem} Known queues: {', '.join(sorted(known)) or 'none'}.")
-        using = default_alias(options["database"])
+        placed = placement(names, options["database"], discovering=discover is not None)
         self.configure_logging(options["verbosity"])
         worker = None
         if options["processes"] == 1:
             worker = Worker(
                 handlers={name: known[name] for name in names},
-                using=using,
+                using=placed,
                 concurrency=options["concurrency"],
                 batch=options["batch"],
                 strategy=options["strategy"],
@@ -112,7 +127,7 @@ class Command(BaseCommand):
         # Signals stop the wait for the database too (the supervisor installs its own after).
         stopping = threading.Event() if worker is None else worker.stopping
         self.install_signal_handlers(stopping, stopping.set if worker is None else worker.stop)
-        if not self.ready(using, stopping, skip_checks=options["skip_checks"]):
+        if not self.ready(list(placed), stopping, skip_checks=options["skip_checks"]):
             return  # stopped while waiting for the database: exit 0
         if worker is not None:
             code = worker.run()
@@ -121,18 +136,19 @@ class Command(BaseCommand):
         if code:
             sys.exit(code)
 
-    def ready(self, using: str, stopping: threading.Event, *, skip_checks: bool) -> bool:
-        """Wait for the database (False: stopped meanwhile), then check that it is migrated
-        and run the system checks, raising what they find."""
-        if not wait_for_database(using, stopping):
-            return False
-        if missing := missing_tables(using):
-            migrate = "python manage.py migrate" + (
-                "" if using == "default" else f" --database {using}"
-            )
-            raise CommandError(
-                f"Database {using!r} has no {', '.join(missing)} table: run `{migrate}`."
-            )
+    def ready(self, aliases: list[str], stopping: threading.Event, *, skip_checks: bool) -> bool:
+        """Wait for each database (False: stopped meanwhile), then check that it is
+        migrated and run the system checks, raising what they find."""
+        for using in aliases:
+            if not wait_for_database(using, stopping):
+                return False
+            if missing := missing_tables(using):
+                migrate = "python manage.py migrate" + (
+                    "" if using == "default" else f" --database {using}"
+                )
+                raise CommandError(
+                    f"Database {using!r} has no {', '.join(missing)} table: run `{migrate}`."
+                )
         if not skip_checks:
             self.check()
         return True

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from ...api import requeue_all_stuck
+from ...api import queue_databases, requeue_all_stuck
 from .. import add_queue_arguments, default_alias, selected_queues
 
 
@@ -24,5 +24,7 @@ class Command(BaseCommand):
             queues = selected_queues(options["queues"], options["database"])
             rescued = sum(queue.requeue_stuck() for queue in queues)
         else:
-            rescued = requeue_all_stuck(default_alias(options["database"]))
+            database = options["database"]
+            aliases = [default_alias(database)] if database else queue_databases()
+            rescued = sum(requeue_all_stuck(alias) for alias in aliases)
         self.stdout.write(self.style.SUCCESS(f"Rescued {rescued} stuck item(s)."))
