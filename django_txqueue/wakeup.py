@@ -87,10 +87,11 @@ class Waiter:
         if listener is not None:
             self.listeners[alias] = listener
 
-    def wait(self, timeout: float) -> bool:
-        """Sleep up to ``timeout`` seconds; True if woken for one of our queues."""
+    def wait(self, timeout: float, down: frozenset[str] = frozenset()) -> bool:
+        """Sleep up to ``timeout`` seconds; True if woken for one of our queues. Databases
+        ``down`` (their consumer lost them a moment ago) are not asked to LISTEN now."""
         for alias in self.notifying:
-            if alias not in self.listeners:
+            if alias not in self.listeners and alias not in down:
                 self._listen(alias)
         if self.socket is not None:
             if self.unknown_until is None:

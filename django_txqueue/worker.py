@@ -63,6 +63,10 @@ class Station:
     acks_while_claiming: bool
     resumes: dict[str, Resume] = field(default_factory=dict)
     liveness: Liveness | None = None
+    # After its database failed: the pause before the next try, and when that is due
+    # (monotonic); the other stations go on meanwhile.
+    backoff: float = 0.0
+    down_until: float = 0.0
 
 
 class Worker:
@@ -124,7 +128,6 @@ class Worker:
         self.waiter: Waiter
         self.threads: HandlerThreads
         self._idle_wait = FIRST_IDLE_WAIT
-        self._error_backoff = 0.0
         self._last_report = (time.monotonic(), 0)
         # Database errors met by any thread. A restarted server has dropped every
         # connection, the handler threads' idle ones too: a thread that sees this count
@@ -177,12 +180,8 @@ class Worker:
         self.threads.start()
         try:
             while not self.stopping.is_set():
-                try:
-                    if not self._turn():
-                        break
-                    self._error_backoff = 0.0
-                except (OperationalError, InterfaceError) as exc:
-                    self._recover(exc)
+                if not self._turn():
+                    break
                 self._report_progress()
         except KeyboardInterrupt:
             pass  # Ctrl-C where no signal handler was installed: stop gracefully
@@ -231,26 +230,42 @@ class Worker:
     def _turn(self) -> bool:
         """One turn of the loop; False when a burst run has drained its queues."""
         forget_queries()
-        stations = list(self.stations.values())
+        now = time.monotonic()
+        stations = [s for s in self.stations.values() if s.down_until <= now]
         for station in stations:
-            self._settle(station)
+            self._on_database(station, self._settle)
         claimed = False
-        first = self._first_station  # in turn, so that one database cannot take all room
+        first = self._first_station % len(stations) if stations else 0
+        # In turn, so that one database cannot take all the room.
         for position, station in enumerate(stations[first:] + stations[:first], first):
-            if self._claim_for(station):
+            if self._on_database(station, self._claim_for):
                 claimed = True
                 self._first_station = (position + 1) % len(stations)
+        down = {s.alias: s.down_until for s in self.stations.values() if s.down_until > now}
         if claimed:
             self._idle_wait = FIRST_IDLE_WAIT
         elif len(self.in_flight):
             self._outcomes_arrived.wait(timeout=0.2)
             self._outcomes_arrived.clear()
-        elif self.burst:
+        elif self.burst and not down:
             return False
-        else:
-            self.waiter.wait(self._idle_wait)
+        else:  # idle; back to a failed database when its pause is over
+            wait = min([self._idle_wait, *(until - now for until in down.values())])
+            self.waiter.wait(max(wait, 0), down=frozenset(down))
             self._idle_wait = min(self._idle_wait * 2, conf.get("POLL_INTERVAL"))
         return True
+
+    def _on_database(self, station: Station, step: Callable[[Station], bool | None]) -> bool:
+        """``step(station)``; a lost connection to its database pauses that station
+        (``_recover``) instead of ending the turn for the others. What it returned, or
+        False."""
+        try:
+            done = bool(step(station))
+        except (OperationalError, InterfaceError) as exc:
+            self._recover(station, exc)
+            return False
+        station.backoff = 0.0
+        return done
 
     def _settle(self, station: Station) -> None:
         """Start ``station``'s liveness (once), look for new queues there, and write what
@@ -323,19 +338,22 @@ class Worker:
         station.settler.put(outcomes)
         self._outcomes_arrived.set()
 
-    def _recover(self, exc: DatabaseError) -> None:
-        """A lost connection: log, back off (with jitter), reconnect on the next turn.
+    def _recover(self, station: Station, exc: DatabaseError) -> None:
+        """A lost connection: log, pause that station (growing, with jitter), reconnect
+        when the pause is over.
 
         Other database errors (a missing table, say) are bugs or setup mistakes: they end
         the consumer with a traceback instead of retrying forever.
         """
-        self._error_backoff = next_pause(self._error_backoff)
+        station.backoff = next_pause(station.backoff)
+        station.down_until = time.monotonic() + jittered(station.backoff)
         logger.warning(
-            "database error, retrying in %.1f s: %s", self._error_backoff, one_line(exc)
+            "database error, retrying in %.1f s: %s%s",
+            station.backoff,
+            one_line(exc),
+            f" (database {station.alias!r})" if len(self.stations) > 1 else "",
         )
-        for alias in self.stations:
-            self._database_error(alias)
-        self.stopping.wait(jittered(self._error_backoff))
+        self._database_error(station.alias)
 
     def _database_error(self, alias: str) -> None:
         """Count the error and drop this thread's connection to ``alias`` if it broke."""

@@ -26,7 +26,9 @@ ITEMS = 200
 ELSEWHERE = {"QUEUES": {"elsewhere": {"DATABASE": "other"}}}
 
 
-def test_one_consumer_drains_queues_on_two_servers(server):
+def consumer_of_both(server) -> subprocess.Popen[bytes]:
+    """``run_queue_consumer echo elsewhere``: "echo" on the shared server's test
+    database, "elsewhere" on ``server``'s."""
     env = {
         **shared_child_env(),
         "TXQUEUE_TEST_OTHER_DB": server.vendor,
@@ -35,27 +37,35 @@ def test_one_consumer_drains_queues_on_two_servers(server):
         "TXQUEUE_TEST_OTHER_USER": server.user,
         "TXQUEUE_TEST_SETTINGS": json.dumps({**FAST, **ELSEWHERE}),
     }
-    server.query(DBNAME, "DELETE FROM django_txqueue_queueitem")
-    enqueue_many("echo", list(range(ITEMS)))
-    enqueue(server, "elsewhere", f"list(range({ITEMS}))")  # its default there: our "other"
-    consumer = subprocess.Popen(
-        [sys.executable, "-m", "django", "run_queue_consumer", "echo", "elsewhere"],
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", "run_queue_consumer", "echo", "elsewhere", "-v", "2"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+
+
+def drained(consumer, condition, what):
+    wait_for(lambda: consumer.poll() is not None or condition(), timeout=60, what=what)
+    assert consumer.poll() is None, "the consumer died"
+
+
+def echo_done():
+    return QueueItem.objects.filter(queue="echo", status=Status.DONE).count()
+
+
+def test_one_consumer_drains_queues_on_two_servers(server):
+    server.query(DBNAME, "DELETE FROM django_txqueue_queueitem")
+    enqueue_many("echo", list(range(ITEMS)))
+    enqueue(server, "elsewhere", f"list(range({ITEMS}))")  # its default there: our "other"
+    consumer = consumer_of_both(server)
     try:
-        wait_for(
-            lambda: (
-                consumer.poll() is not None
-                or counts(server, "elsewhere") == {DONE: ITEMS}
-                and QueueItem.objects.filter(queue="echo", status=Status.DONE).count() == ITEMS
-            ),
-            timeout=60,
-            what="both queues drained",
+        drained(
+            consumer,
+            lambda: counts(server, "elsewhere") == {DONE: ITEMS} and echo_done() == ITEMS,
+            "both queues drained",
         )
-        assert consumer.poll() is None, "the consumer died"
     finally:
         consumer.terminate()
         _, err = consumer.communicate(timeout=30)
@@ -65,3 +75,26 @@ def test_one_consumer_drains_queues_on_two_servers(server):
     there = server.query(DBNAME, "SELECT identity, processed FROM django_txqueue_consumer")
     assert [(here.identity, here.processed)] == [(there[0][0], ITEMS)] and len(there) == 1
     assert here.processed == ITEMS
+
+
+def test_a_server_that_goes_down_does_not_stop_the_other(server):
+    """The consumer pauses the database it lost and goes on with the other; when the
+    server is back it serves that one again, without a restart."""
+    server.query(DBNAME, "DELETE FROM django_txqueue_queueitem")
+    server.query(DBNAME, "DELETE FROM django_txqueue_consumer")
+    consumer = consumer_of_both(server)
+    try:
+        enqueue(server, "elsewhere", "list(range(20))")
+        drained(consumer, lambda: counts(server, "elsewhere") == {DONE: 20}, "the first 20")
+        server.stop()
+        enqueue_many("echo", list(range(ITEMS)))
+        drained(consumer, lambda: echo_done() == ITEMS, "the other server's queue, meanwhile")
+        server.start()
+        enqueue(server, "elsewhere", "list(range(20))")
+        drained(consumer, lambda: counts(server, "elsewhere") == {DONE: 40}, "20 more, once back")
+    finally:
+        consumer.terminate()
+        _, err = consumer.communicate(timeout=30)
+    log = err.decode()
+    assert consumer.returncode == 0, log[-3000:]
+    assert "(database 'other')" in log  # the pause named the database it was for
