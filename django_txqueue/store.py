@@ -45,10 +45,13 @@ T = TypeVar("T")
 # deadlock, a Galera certification failure, a serialization failure, a lock-wait timeout,
 # a busy SQLite file) runs again this many times, after a short jittered pause, before
 # the error reaches the caller. It wrote nothing, so no attempt is counted.
-TRANSIENT_RETRIES = 5
-# A claim that keeps losing races (on Galera every node's consumers claim from the same
-# head of the queue) tries this many times, then claims nothing this turn.
-CLAIM_RETRIES = 10
+# On a busy Galera cluster about half the transactions that write near the head of a
+# queue are refused at least once (docs/scaling-galera.md): hence ten, paused at most
+# 0.3 s each, about 2 s in all.
+TRANSIENT_RETRIES = 10
+# A claim that keeps losing races (every node's consumers claim from the same head of
+# the queue) tries this many times, then claims nothing this turn.
+CLAIM_RETRIES = TRANSIENT_RETRIES
 # Attempts at inserting a dedup_key item whose unfinished twin finishes meanwhile.
 DEDUP_INSERT_ATTEMPTS = 3
 PURGE_BATCH = 1000
@@ -146,7 +149,7 @@ def unfinished_twin(item: QueueItem, using: str) -> QueueItem | None:
         return None
     twins = type(item)._default_manager.using(using)
     found: QueueItem | None = twins.filter(
-        queue=item.queue, active_dedup_key=item.dedup_key
+        active_dedup_queue=item.queue, active_dedup_key=item.dedup_key
     ).first()
     return found
 
@@ -209,8 +212,8 @@ def insert_many(
 def insert_unique(item: QueueItem, using: str) -> QueueItem:
     """Insert, or return the unfinished item of the same queue holding the same dedup_key.
 
-    The unique index on (queue, active_dedup_key) decides races between producers;
-    the savepoint keeps the caller's transaction usable after a conflict.
+    The unique index on (active_dedup_queue, active_dedup_key) decides races between
+    producers; the savepoint keeps the caller's transaction usable after a conflict.
     """
     for _ in range(DEDUP_INSERT_ATTEMPTS):
         try:

@@ -288,20 +288,29 @@ def node_env(node: GaleraNode, settings: dict[str, Any] | None = None) -> dict[s
 
 
 def start_producer(
-    node: GaleraNode, tag: str, batches: int, per: int, mode: str, out: Path, others=()
+    node: GaleraNode,
+    tag: str,
+    batches: int,
+    per: int,
+    mode: str,
+    out: Path,
+    others=(),
+    pause: float = 0.0,
 ) -> subprocess.Popen[bytes]:
     """``python -m tests.e2e.galera produce``: see ``produce``. Its JSON summary goes to
     ``out``, its errors to ``out`` + ".err"."""
     ports = ",".join(str(n.port) for n in (node, *others))
     command = [sys.executable, "-m", "tests.e2e.galera", "produce", tag, str(batches)]
-    command += [str(per), mode, ports]
+    command += [str(per), mode, ports, str(pause)]
     with open(out, "wb") as stdout, open(f"{out}.err", "wb") as stderr:
         return subprocess.Popen(  # noqa: S603
             command, env=node_env(node), cwd=ROOT, stdout=stdout, stderr=stderr
         )
 
 
-def produce(tag: str, batches: int, per: int, mode: str, ports: list[int]) -> dict[str, Any]:
+def produce(
+    tag: str, batches: int, per: int, mode: str, ports: list[int], pause: float = 0.0
+) -> dict[str, Any]:
     """Commit ``batches`` transactions of ``per`` items, each payload ``{"p": tag, "b":
     batch, "n": n}``, through the first of ``ports``:
 
@@ -375,6 +384,7 @@ def produce(tag: str, batches: int, per: int, mode: str, ports: list[int]) -> di
                 except (OperationalError, InterfaceError):
                     continue
         summary["batches"] += 1
+        time.sleep(pause)  # paced: still producing when a node is killed
         summary["items"] += per
     summary["conflicts"] = max(conflicts, 0)
     return summary
@@ -501,6 +511,7 @@ def run_workload(
     consumers_on: list[int] | None = None,
     kill: int | None = None,
     kill_after: float = 0.5,
+    pause: float = 0.0,
     down: float = 2.0,
     timeout: float = 120.0,
 ) -> dict[str, Any]:
@@ -508,8 +519,10 @@ def run_workload(
     committing ``batches`` transactions of ``per`` items (``produce``'s ``mode``, or
     modes separated by commas, taken in turn by the producers), one
     ``run_queue_consumer --concurrency 2 --batch 10`` on each of ``consumers_on``. With
-    ``kill``, that node is SIGKILLed once ``kill_after`` of the items are DONE and
-    started again ``down`` seconds later. Returns the report: the audit, the producers'
+    ``kill``, that node is SIGKILLed once ``kill_after`` of the items are stored (mid-
+    production while producers write) and some are DONE, and
+    started again ``down`` seconds later. ``pause``: seconds each producer waits between
+    its transactions. Returns the report: the audit, the producers'
     summaries, the consumers' exit codes and logged conflicts, the drain's rate."""
     nodes = cluster.nodes
     producers_on = list(range(len(nodes))) if producers_on is None else producers_on
@@ -530,7 +543,7 @@ def run_workload(
         out = scratch / f"producer{n}.json"
         producer_mode = modes[n % len(modes)]
         producers[f"p{n}"] = (
-            start_producer(nodes[i], f"p{n}", batches, per, producer_mode, out, others),
+            start_producer(nodes[i], f"p{n}", batches, per, producer_mode, out, others, pause),
             out,
         )
     killed = restarted = done_at_kill = None
@@ -552,7 +565,9 @@ def run_workload(
                 continue
             done = int(counts.get(3, 0))
             producing = any(p.poll() is None for p, _ in producers.values())
-            if kill is not None and killed is None and done >= kill_after * total:
+            stored = sum(int(n) for n in counts.values())
+            # Mid-drain and, while producers write, mid-production too.
+            if kill is not None and killed is None and done and stored >= kill_after * total:
                 cluster.kill(nodes[kill])
                 killed, done_at_kill = time.monotonic(), done
             if killed is not None and restarted is None and time.monotonic() > killed + down:
@@ -606,8 +621,9 @@ def run_workload(
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["produce"]:
-        tag, batches, per, mode, ports = argv[1:6]
-        summary = produce(tag, int(batches), int(per), mode, [int(p) for p in ports.split(",")])
+        tag, batches, per, mode, ports, pause = argv[1:7]
+        nodes = [int(port) for port in ports.split(",")]
+        summary = produce(tag, int(batches), int(per), mode, nodes, float(pause))
         print(json.dumps(summary))
         return
     reason = GaleraCluster.missing()
