@@ -165,8 +165,8 @@ def check_sqlite_transactions(**kwargs: Any) -> list[CheckMessage]:
 @register(Tags.database)
 def check_galera_strategy(databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """On a Galera cluster every node's consumers claim from the same head of the queue;
-    update_limit claims, which lock as they read, were refused there about twice as
-    often as skip_locked ones (docs/scaling-galera.md). Both stay correct."""
+    update_limit claims, which lock every row they read, were refused there three to
+    four times as often as skip_locked ones (docs/scaling-galera.md). Both stay correct."""
     if conf.get("CLAIM_STRATEGY") != "update_limit":
         return []
     warnings: list[CheckMessage] = []
@@ -181,7 +181,7 @@ def check_galera_strategy(databases: Any = None, **kwargs: Any) -> list[CheckMes
                 Warning(
                     f"TXQUEUE['CLAIM_STRATEGY'] is 'update_limit' and DATABASES[{alias!r}] "
                     "is a Galera cluster node, where its claims conflict with other "
-                    "nodes' about twice as often as 'skip_locked' ones.",
+                    "nodes' several times as often as 'skip_locked' ones.",
                     hint="Use 'auto' (skip_locked on MariaDB 10.6+).",
                     id="txqueue.W003",
                 )
