@@ -45,9 +45,9 @@ T = TypeVar("T")
 # deadlock, a Galera certification failure, a serialization failure, a lock-wait timeout,
 # a busy SQLite file) runs again this many times, after a short jittered pause, before
 # the error reaches the caller. It wrote nothing, so no attempt is counted.
-# On a busy Galera cluster about half the transactions that write near the head of a
-# queue are refused at least once (docs/scaling-galera.md): hence ten, paused at most
-# 0.3 s each, about 2 s in all.
+# Ten: on a Galera cluster consumers of every node claim from the same head of a queue,
+# and a claim may lose several races in a row (docs/scaling-galera.md); the pauses add
+# up to about 2 s at most.
 TRANSIENT_RETRIES = 10
 # A claim that keeps losing races (every node's consumers claim from the same head of
 # the queue) tries this many times, then claims nothing this turn.
@@ -257,6 +257,8 @@ def claim(
     The strategy and the lease are resolved here, once per claim: the strategy from the
     caller's choice, the setting and the database; ``lease`` None gives each item its
     queue's ``LEASE``. ``after``: only items that sort after it (``ClaimValues.after``).
+    Outside a caller's transaction a claim that lost a race runs again; one that loses
+    ``CLAIM_RETRIES`` races in a row claims nothing.
     """
     values = claim_values(statement, pid, lease, after)
     vendor = dialect(statement.connection)
