@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import Queue, enqueue, enqueue_many
+    from .api import Queue, enqueue, enqueue_many, run_in_transaction
     from .exceptions import QueueFull
     from .idempotency import once
     from .models import Consumer, QueueItem, QueueModel, Status
@@ -29,12 +29,14 @@ __all__ = [
     "handler",
     "on_commit",
     "once",
+    "run_in_transaction",
 ]
 
 _HOMES = {
     "Queue": "api",
     "enqueue": "api",
     "enqueue_many": "api",
+    "run_in_transaction": "api",
     "QueueFull": "exceptions",
     "Consumer": "models",
     "QueueItem": "models",

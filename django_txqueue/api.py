@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import connections, router, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
 from django.db.transaction import TransactionManagementError
 
 from . import conf, fairness, monitoring, registry, store
@@ -32,6 +32,8 @@ from .validation import (
     validate_run_at,
 )
 from .wakeup import wake_local_consumers
+
+T = TypeVar("T")
 
 
 def enqueue(
@@ -100,6 +102,30 @@ def refuse_other_transaction(using: str, what: str) -> None:
                 f"{using!r})), put the queue on {connection.alias!r} (its DATABASE setting), "
                 f"or pass using={using!r} to write it on its own at once."
             )
+
+
+def run_in_transaction(
+    func: Callable[[], T], *, using: str | None = None, attempts: int = store.TRANSIENT_RETRIES + 1
+) -> T:
+    """Run ``func()`` in ``transaction.atomic(using=using)`` and return what it returns,
+    running it again, ``attempts`` runs at most, while a conflict refuses the transaction:
+    a deadlock, a Galera certification failure at COMMIT, a serialization failure. A
+    refused transaction wrote nothing, so ``func`` must only be safe to run again: no
+    effect outside the database before the commit (leave those to a queue's handler).
+
+    Inside another atomic block it runs ``func`` once: a conflict rolls the outermost
+    transaction back, and only its owner can run it again.
+    """
+    if not callable(func):
+        raise TypeError(f"run_in_transaction needs a callable, got {func!r}")
+    validate_int(attempts, "attempts", 1)
+    alias = using or DEFAULT_DB_ALIAS
+
+    def run() -> T:
+        with transaction.atomic(using=alias):
+            return func()
+
+    return store.retrying_conflicts(run, alias, retries=attempts - 1)
 
 
 class Queue:

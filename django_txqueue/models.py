@@ -358,6 +358,23 @@ class QueueItem(QueueModel):
         output_field=models.CharField(max_length=255, null=True),
         db_persist=True,
     )
+    # The queue of an unfinished item with a dedup_key, else NULL: the unique index is on
+    # (active_dedup_queue, active_dedup_key), all NULL for every other row. Galera
+    # certifies each write against the unique keys of the rows it writes, NULL parts
+    # included: on (queue, active_dedup_key), ("sms", NULL) made every write of a queue's
+    # rows conflict with every other node's concurrent one (docs/scaling-galera.md).
+    active_dedup_queue = models.GeneratedField(
+        expression=Case(
+            When(
+                status__in=[Status.READY, Status.IN_PROGRESS],
+                dedup_key__isnull=False,
+                then=F("queue"),
+            ),
+            default=None,
+        ),
+        output_field=models.CharField(max_length=MAX_QUEUE_NAME, null=True),
+        db_persist=True,
+    )
     max_attempts = models.PositiveIntegerField(default=5)
     last_error = models.TextField(blank=True, default="")
     # The dotted path of the exception class behind last_error ("" when there was none:
@@ -395,7 +412,8 @@ class QueueItem(QueueModel):
         ]
         constraints = [
             models.UniqueConstraint(
-                fields=["queue", "active_dedup_key"], name="txqueue_item_unique_dedup"
+                fields=["active_dedup_queue", "active_dedup_key"],
+                name="txqueue_item_unique_dedup",
             ),
         ]
 

@@ -15,11 +15,12 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from django.db import IntegrityError, OperationalError, connections, models, transaction
+from django.db import DatabaseError, IntegrityError, connections, models, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -35,16 +36,22 @@ from .status import FINISHED, Status
 from .validation import check_json, to_timedelta, validate_pid
 
 if TYPE_CHECKING:
-    from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import Model, QuerySet
 
-    from .db.base import Dialect
     from .models import Consumer, QueueItem, QueueModel
 
 T = TypeVar("T")
-# A deadlock or lock-wait timeout (MySQL), or a busy SQLite file past its timeout, is
-# retried this many times with a short jittered pause before it reaches the caller.
-TRANSIENT_RETRIES = 5
+# A transaction of the library's own refused by a conflict (``Dialect.is_transient``: a
+# deadlock, a Galera certification failure, a serialization failure, a lock-wait timeout,
+# a busy SQLite file) runs again this many times, after a short jittered pause, before
+# the error reaches the caller. It wrote nothing, so no attempt is counted.
+# Ten: on a Galera cluster consumers of every node claim from the same head of a queue,
+# and a claim may lose several races in a row (docs/scaling-galera.md); the pauses add
+# up to about 2 s at most.
+TRANSIENT_RETRIES = 10
+# A claim that keeps losing races (every node's consumers claim from the same head of
+# the queue) tries this many times, then claims nothing this turn.
+CLAIM_RETRIES = TRANSIENT_RETRIES
 # Attempts at inserting a dedup_key item whose unfinished twin finishes meanwhile.
 DEDUP_INSERT_ATTEMPTS = 3
 PURGE_BATCH = 1000
@@ -107,8 +114,18 @@ def enqueue(
     the queue's unfinished items are counted under that row's lock first, and
     ``QueueFull`` is raised having written nothing when the items do not fit.
     ``varying``: the only fields whose values differ between the items, if known (the
-    INSERT converts the others once).
+    INSERT converts the others once). Outside a caller's transaction the enqueue is a
+    transaction of its own, run again when a conflict refuses it.
     """
+    return retrying_conflicts(lambda: _enqueue(items, using, bound, varying), using)
+
+
+def _enqueue(
+    items: list[QueueItem],
+    using: str,
+    bound: tuple[int, type[Model]] | None,
+    varying: Sequence[str] | None,
+) -> list[QueueItem]:
     if bound is not None:
         max_size, bounds = bound
         # savepoint=False: inside the caller's transaction it adds no query, and outside
@@ -132,7 +149,7 @@ def unfinished_twin(item: QueueItem, using: str) -> QueueItem | None:
         return None
     twins = type(item)._default_manager.using(using)
     found: QueueItem | None = twins.filter(
-        queue=item.queue, active_dedup_key=item.dedup_key
+        active_dedup_queue=item.queue, active_dedup_key=item.dedup_key
     ).first()
     return found
 
@@ -195,8 +212,8 @@ def insert_many(
 def insert_unique(item: QueueItem, using: str) -> QueueItem:
     """Insert, or return the unfinished item of the same queue holding the same dedup_key.
 
-    The unique index on (queue, active_dedup_key) decides races between producers;
-    the savepoint keeps the caller's transaction usable after a conflict.
+    The unique index on (active_dedup_queue, active_dedup_key) decides races between
+    producers; the savepoint keeps the caller's transaction usable after a conflict.
     """
     for _ in range(DEDUP_INSERT_ATTEMPTS):
         try:
@@ -240,13 +257,22 @@ def claim(
     The strategy and the lease are resolved here, once per claim: the strategy from the
     caller's choice, the setting and the database; ``lease`` None gives each item its
     queue's ``LEASE``. ``after``: only items that sort after it (``ClaimValues.after``).
+    Outside a caller's transaction a claim that lost a race runs again; one that loses
+    ``CLAIM_RETRIES`` races in a row claims nothing.
     """
     values = claim_values(statement, pid, lease, after)
     vendor = dialect(statement.connection)
     resolved = vendor.resolve_strategy(strategy, statement.connection)
-    items = _retrying_lock_conflicts(
-        lambda: vendor.claim(resolved, statement, values), statement.connection, vendor
-    )
+    # Lost a race (a deadlock, or on Galera another node's claim of the same rows
+    # certified first): nothing was claimed, so claim again.
+    try:
+        items = retrying_conflicts(
+            lambda: vendor.claim(resolved, statement, values), statement.alias, CLAIM_RETRIES
+        )
+    except DatabaseError as exc:
+        if statement.connection.in_atomic_block or not vendor.is_transient(exc):
+            raise
+        return []  # lost every race this turn: the caller claims again
     return sort_items(items, statement.order)
 
 
@@ -276,22 +302,26 @@ def lease_of(queue: str | None, given: float | timedelta | None = None) -> timed
     return conf.lease(queue)
 
 
-def _retrying_lock_conflicts(
-    run: Callable[[], T], connection: BaseDatabaseWrapper, vendor: Dialect
-) -> T:
-    """Run ``run``, retrying the vendor's transient lock errors with a short jittered pause.
+def retrying_conflicts(run: Callable[[], T], using: str, retries: int = TRANSIENT_RETRIES) -> T:
+    """Run ``run``, a transaction of its own on ``using`` (one statement in autocommit, or
+    an atomic block inside ``run``), again up to ``retries`` times with a short jittered
+    pause while a conflict refuses it (``Dialect.is_transient``).
 
-    Inside the caller's transaction the failed statement may have rolled the whole
-    transaction back: only the caller can retry that.
+    Inside the caller's transaction it runs once: the conflict rolled the caller's whole
+    transaction back (Galera aborts it all), so only the caller can run it again
+    (``run_in_transaction``).
     """
-    owns_transaction = not connection.in_atomic_block
-    for attempt in range(TRANSIENT_RETRIES):
+    connection = connections[using]
+    if connection.in_atomic_block:
+        return run()
+    vendor = dialect(connection)
+    for attempt in range(retries):
         try:
             return run()
-        except OperationalError as exc:
-            if not owns_transaction or not vendor.is_transient(exc):
+        except DatabaseError as exc:
+            if not vendor.is_transient(exc) or connection.in_atomic_block:
                 raise
-            time.sleep(random.uniform(0.005, 0.02) * 2**attempt)
+            time.sleep(random.uniform(0.005, 0.02) * 2 ** min(attempt, 4))
     return run()
 
 
@@ -336,8 +366,9 @@ def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any
             return int(cursor.rowcount)
 
     # InnoDB may pick an acknowledgement as a deadlock's victim (against an update_limit
-    # claim, which locks as it reads): fenced, it is safe to run again.
-    return _retrying_lock_conflicts(run, connection, dialect(connection))
+    # claim, which locks as it reads), Galera refuse it against a claim of another node:
+    # fenced, it is safe to run again.
+    return retrying_conflicts(run, alias)
 
 
 def ack_statement(
@@ -378,9 +409,15 @@ def ack_and_claim(
         return acked, claim(statement, pid=pid, strategy=resolved, lease=lease, after=after)
     values = claim_values(statement, pid, lease, after)
     ack = ack_statement(statement.model, statement.alias, claim_token, results)
-    acked, items = _retrying_lock_conflicts(
-        lambda: vendor.ack_and_claim(statement, values, ack), statement.connection, vendor
-    )
+    try:
+        acked, items = retrying_conflicts(
+            lambda: vendor.ack_and_claim(statement, values, ack), statement.alias, CLAIM_RETRIES
+        )
+    except DatabaseError as exc:
+        if statement.connection.in_atomic_block or not vendor.is_transient(exc):
+            raise
+        # The claim kept losing races, and took the acknowledgement down with it.
+        return ack_many(statement.model, statement.alias, claim_token, results), []
     return acked, sort_items(items, statement.order)
 
 
@@ -441,12 +478,13 @@ def _change_if_held(item: QueueModel, **changes: Any) -> bool:
     """Apply ``changes`` only if the row is still IN_PROGRESS under this item's claim."""
     if _holds_no_claim(item):
         return False
-    changed = (
+    alias = item._state.db or "default"
+    held = (
         type(item)
-        ._base_manager.using(item._state.db)
+        ._base_manager.using(alias)
         .filter(pk=item.pk, status=Status.IN_PROGRESS, claim_token=item.claim_token)
-        .update(**changes)
     )
+    changed = retrying_conflicts(lambda: held.update(**changes), alias)
     if changed:
         for name, value in changes.items():
             setattr(item, name, value)
@@ -464,11 +502,8 @@ def renew_leases(model: type[Model], alias: str, tokens: dict[Any, int], lease: 
     held = Q()
     for pk, token in tokens.items():
         held |= Q(pk=pk, claim_token=token)
-    return (
-        model._base_manager.using(alias)
-        .filter(held, status=Status.IN_PROGRESS)
-        .update(lease_expires_at=Now() + lease)
-    )
+    running = model._base_manager.using(alias).filter(held, status=Status.IN_PROGRESS)
+    return retrying_conflicts(lambda: running.update(lease_expires_at=Now() + lease), alias)
 
 
 def rescue(stuck: QuerySet[Any], *, fail: bool = False) -> int:
@@ -477,6 +512,10 @@ def rescue(stuck: QuerySet[Any], *, fail: bool = False) -> int:
     ``fail=True`` fails them all at once, for work that must never run twice. A model
     without ``max_attempts`` (a plain QueueModel) always goes back to READY.
     """
+    return retrying_conflicts(lambda: _rescue(stuck, fail), stuck.db)
+
+
+def _rescue(stuck: QuerySet[Any], fail: bool) -> int:
     if not has_field(stuck.model, "max_attempts"):
         return stuck.update(**UNCLAIMED, status=Status.READY)
     failing = Q(pk__isnull=False) if fail else Q(attempts__gte=F("max_attempts"))
@@ -510,36 +549,37 @@ def requeue(items: QuerySet[Any], *, stuck: Q) -> int:
     """
     allowed = items.order_by().filter(Q(status__in=(Status.READY, Status.FAILED)) | stuck)
     changes = {**UNCLAIMED, "status": Status.READY, "run_at": Now(), "finished_at": None}
-    changed = allowed.exclude(status=Status.FAILED, dedup_key__isnull=False).update(**changes)
+    plain = allowed.exclude(status=Status.FAILED, dedup_key__isnull=False)
+    changed = retrying_conflicts(lambda: plain.update(**changes), items.db)
     holding_keys = allowed.filter(status=Status.FAILED, dedup_key__isnull=False)
     for pk in list(holding_keys.values_list("pk", flat=True)):
-        try:
-            with transaction.atomic(using=items.db):
-                changed += holding_keys.filter(pk=pk).update(**changes)
-        except IntegrityError:
-            pass
+        one = holding_keys.filter(pk=pk)
+        with suppress(IntegrityError):
+            changed += retrying_conflicts(partial(_update_in_savepoint, one, changes), items.db)
     return changed
+
+
+def _delete(rows: QuerySet[Any]) -> int:
+    return int(rows.delete()[0])
+
+
+def _update_in_savepoint(rows: QuerySet[Any], changes: dict[str, Any]) -> int:
+    with transaction.atomic(using=rows.db):
+        return int(rows.update(**changes))
 
 
 def fail_many(items: QuerySet[Any], *, stuck: Q, error: str) -> int:
     """Mark FAILED with ``error`` the READY ``items`` and those matching ``stuck``, checked in
     the UPDATE itself; a running item under a live consumer is left alone. For QueueItem."""
-    return (
-        items.order_by()
-        .filter(Q(status=Status.READY) | stuck)
-        .update(
-            **UNCLAIMED,
-            status=Status.FAILED,
-            finished_at=Now(),
-            last_error=error,
-            error_class="",
-        )
-    )
+    failing = items.order_by().filter(Q(status=Status.READY) | stuck)
+    changes = {**UNCLAIMED, "finished_at": Now(), "last_error": error, "error_class": ""}
+    return retrying_conflicts(lambda: failing.update(status=Status.FAILED, **changes), items.db)
 
 
 def delete_finished(items: QuerySet[Any]) -> int:
     """Delete the DONE and FAILED ``items``; returns how many."""
-    return int(items.order_by().filter(status__in=FINISHED).delete()[0])
+    finished = items.order_by().filter(status__in=FINISHED)
+    return retrying_conflicts(partial(_delete, finished), items.db)
 
 
 def delete_all(items: QuerySet[Any]) -> int:
@@ -548,7 +588,7 @@ def delete_all(items: QuerySet[Any]) -> int:
     For a queue of a tool's own that it empties before and after a run (``txqueue_bench``,
     ``txqueue_chaos``): a consumer still holding one of these items would find it gone.
     """
-    return int(items.order_by().delete()[0])
+    return retrying_conflicts(partial(_delete, items.order_by()), items.db)
 
 
 def release_lost(
@@ -558,12 +598,13 @@ def release_lost(
     ``claimed_before`` ago and does not hold: claims whose answer never reached it (the
     connection broke after the server committed). Without this they would wait out a
     whole lease under a consumer that is alive and renewing nothing for them."""
-    return (
+    lost = (
         model._base_manager.using(alias)
         .filter(status=Status.IN_PROGRESS, pid=pid, claimed_at__lt=Now() - claimed_before)
         .exclude(pk__in=list(held))
-        .update(status=Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
     )
+    changes = {"status": Status.READY, "attempts": F("attempts") - 1, **UNCLAIMED}
+    return retrying_conflicts(lambda: lost.update(**changes), alias)
 
 
 def purge(items: QuerySet[Any], older_than: timedelta, *, until: float | None = None) -> int:
@@ -596,7 +637,8 @@ def delete_in_batches(rows: QuerySet[Any], *, until: float | None = None) -> int
         )
         if not batch:
             return deleted
-        deleted += int(rows.filter(pk__in=batch).delete()[0])
+        chosen = rows.filter(pk__in=batch)
+        deleted += retrying_conflicts(partial(_delete, chosen), rows.db)
         after = batch[-1]
         if until is not None and time.monotonic() >= until:
             return deleted
@@ -613,27 +655,29 @@ def try_lock(alias: str, name: str) -> AbstractContextManager[bool]:
 
 def register(consumer: Consumer, using: str) -> Consumer:
     """Insert the Consumer row of a starting consumer."""
-    consumer.save(force_insert=True, using=using)
+    retrying_conflicts(lambda: consumer.save(force_insert=True, using=using), using)
     return consumer
 
 
 def beat(consumer: Consumer, *, processed: int, failed: int, queues: list[str]) -> None:
     """Heartbeat: the consumer is alive (database clock), with its counters and the queues
     it serves now (it may find new ones)."""
-    _consumer_row(consumer).update(
-        last_heartbeat_at=Now(), processed=processed, failed=failed, queues=queues
-    )
+    changes = {"processed": processed, "failed": failed, "queues": queues}
+    row = _consumer_row(consumer)
+    retrying_conflicts(lambda: row.update(last_heartbeat_at=Now(), **changes), row.db)
 
 
 def stop(consumer: Consumer, *, processed: int, failed: int) -> None:
     """Mark the consumer stopped: its unfinished items are stuck from now on."""
-    _consumer_row(consumer).update(stopped_at=Now(), processed=processed, failed=failed)
+    row = _consumer_row(consumer)
+    changes = {"processed": processed, "failed": failed}
+    retrying_conflicts(lambda: row.update(stopped_at=Now(), **changes), row.db)
 
 
 def delete_consumers(consumers: QuerySet[Any]) -> int:
     """Delete the rows of ``consumers``, stopped ones a tool ran for a while and that
     nobody needs to tell from live ones afterwards; returns how many."""
-    return int(consumers.order_by().delete()[0])
+    return retrying_conflicts(partial(_delete, consumers.order_by()), consumers.db)
 
 
 def _consumer_row(consumer: Consumer) -> QuerySet[Any]:

@@ -132,7 +132,14 @@ class Dialect:
         raise NotImplementedError
 
     def is_transient(self, exc: DatabaseError) -> bool:
-        """A lock conflict worth retrying (deadlock, lock-wait timeout, busy file)."""
+        """A conflict that refused a transaction, which wrote nothing and is worth running
+        again: a deadlock, a Galera certification failure, a serialization failure, a
+        lock-wait timeout, a busy file."""
+        return False
+
+    def is_galera(self, connection: BaseDatabaseWrapper) -> bool:
+        """Whether the database is a node of a Galera cluster, where any writing
+        transaction can be refused at COMMIT by another node's conflicting one."""
         return False
 
     def approximate_count(self, queryset: QuerySet[Any]) -> int:

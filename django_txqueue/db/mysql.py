@@ -26,7 +26,11 @@ if TYPE_CHECKING:
 
     from .compiler import ClaimStatement, ClaimValues
 
-# ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
+# ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT. Galera reports both its refusals as 1213
+# "Deadlock found": a certification failure at COMMIT (another node's transaction on the
+# same rows committed first) and a brute-force abort (a replicated transaction needed a
+# lock this one held). Either rolled the whole transaction back. (1047 "WSREP has not yet
+# prepared node for application use" is a node out of the cluster: not a conflict.)
 TRANSIENT_ERRORS = {1213, 1205}
 # SHOW ENGINE INNODB STATUS: the next transaction id, and how far the purge has come.
 TRX_COUNTER = re.compile(r"Trx id counter (\d+)")
@@ -60,6 +64,20 @@ class MySQL(Dialect):
     # entries of rows claimed since its purge last ran at several times the cost of a live
     # one: a claim of 100 from the head took 3 to 5 ms where one that resumes takes 0.7.
     resumes_claims = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._galera: dict[str, bool] = {}
+
+    def is_galera(self, connection: BaseDatabaseWrapper) -> bool:
+        """``wsrep_on``, asked once per database alias."""
+        alias = connection.alias
+        if alias not in self._galera:
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
+                row = cursor.fetchone()
+            self._galera[alias] = row is not None and str(row[1]).upper() == "ON"
+        return self._galera[alias]
 
     def upsert_target(self, unique_fields: list[str]) -> None:
         return None  # ON DUPLICATE KEY UPDATE: any unique key; Django refuses a target

@@ -1,6 +1,8 @@
 """Booking a seat: the booking and the intention to send its SMS commit together."""
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
+
+from django_txqueue import run_in_transaction
 
 from . import sms
 from .models import Booking
@@ -14,11 +16,19 @@ class SeatTaken(Exception):
 
 def book_seat(seat, phone):
     """Book ``seat`` for ``phone`` and queue its SMS in one transaction; SeatTaken if the
-    seat is booked already (by a concurrent booking too: the unique constraint decides)."""
+    seat is booked already (by a concurrent booking too: the unique constraint decides).
+
+    A transaction refused by a conflict (a deadlock; on a Galera cluster, another node's
+    conflicting commit) wrote nothing and runs again: ``book`` has no other effect.
+    """
+
+    def book():
+        booking = Booking.objects.create(seat=seat, phone=phone)
+        sms.queue_for(booking)
+        return booking
+
     try:
-        with transaction.atomic():
-            booking = Booking.objects.create(seat=seat, phone=phone)
-            sms.queue_for(booking)
+        booking = run_in_transaction(book)
     except IntegrityError as error:
         # Only the seat's constraint can refuse this insert; ask the database to be sure
         # (after the rollback, so the winner's committed row is visible).
