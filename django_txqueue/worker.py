@@ -29,11 +29,17 @@ from . import conf, registry, signals, store
 from .api import Queue
 from .claims import Resume
 from .db import dialect_for
-from .execution import Outcome, close_broken_connections, close_if_broken, run_handler
+from .execution import (
+    Outcome,
+    close_broken_connections,
+    close_if_broken,
+    drop_connection,
+    run_handler,
+)
 from .liveness import Liveness
 from .logs import forget_queries, one_line
 from .models import Consumer, QueueItem
-from .retry import jittered, next_pause
+from .retry import RECONNECT_MAX_PAUSE, jittered, next_pause
 from .rotation import Rotation
 from .settle import Settler
 from .wakeup import Waiter
@@ -148,7 +154,7 @@ class Worker:
                     if not self._turn():
                         break
                     self._error_backoff = 0.0
-                except (OperationalError, InterfaceError) as exc:
+                except DatabaseError as exc:
                     self._recover(exc)
                 self._report_progress()
         except KeyboardInterrupt:
@@ -253,12 +259,18 @@ class Worker:
         """A lost connection: log, back off (with jitter), reconnect on the next turn.
 
         Other database errors (a missing table, say) are bugs or setup mistakes: they end
-        the consumer with a traceback instead of retrying forever.
+        the consumer with a traceback instead of retrying forever. The pause stays short
+        (``RECONNECT_MAX_PAUSE``): a failover's new primary is claimed from at once.
         """
-        self._error_backoff = next_pause(self._error_backoff)
+        lost = dialect_for(self.using).is_disconnect(exc)
+        if not lost and not isinstance(exc, (OperationalError, InterfaceError)):
+            raise exc
+        self._error_backoff = next_pause(self._error_backoff, RECONNECT_MAX_PAUSE)
         logger.warning(
             "database error, retrying in %.1f s: %s", self._error_backoff, one_line(exc)
         )
+        if lost:  # even a connection still open, to a server now read-only
+            drop_connection(self.using)
         self._database_error()
         self.stopping.wait(jittered(self._error_backoff))
 
