@@ -147,9 +147,20 @@ def first_claim_after(cluster: patroni.PatroniCluster, wall_clock: float) -> flo
     return cluster.query(
         DBNAME,
         "SELECT EXTRACT(EPOCH FROM MIN(claimed_at))::float FROM django_txqueue_queueitem "
-        "WHERE claimed_at >= to_timestamp(%s)",
+        "WHERE claimed_at > to_timestamp(%s)",
         (wall_clock,),
     )[0][0]
+
+
+def last_replayed(node: patroni.Node) -> float:
+    """When the last transaction ``node`` replayed as a replica committed (epoch), once
+    promoted: PostgreSQL keeps that time after recovery ends."""
+    with node.connect(DBNAME) as connection:
+        found = connection.execute(
+            "SELECT EXTRACT(EPOCH FROM pg_last_xact_replay_timestamp())::float"
+        ).fetchone()[0]
+    assert found is not None, "the new leader replayed nothing from the old one"
+    return float(found)
 
 
 def test_a_leader_killed_mid_drain_loses_nothing_and_does_nothing_twice(cluster, tmp_path):
@@ -190,10 +201,11 @@ def test_a_leader_killed_mid_drain_loses_nothing_and_does_nothing_twice(cluster,
             killed = cluster.kill_leader()
             leader = cluster.wait_for_writable()
             writable_at = time.time()
+            # Claims on the new leader: made after the last transaction it replayed from
+            # the old one (whose last commits may come after our clock's kill).
+            replayed = max(last_replayed(leader), killed_at)
             first = wait_for(
-                lambda at=killed_at: first_claim_after(cluster, at),
-                60,
-                "a claim on the new leader",
+                lambda at=replayed: first_claim_after(cluster, at), 60, "a claim on the new leader"
             )
             failovers.append(
                 {
