@@ -192,7 +192,9 @@ class PostgreSQL(Dialect):
         return NotifyListener(alias)
 
     def is_disconnect(self, exc: Error) -> bool:
-        sqlstate = getattr(exc.__cause__, "sqlstate", None)
+        if not hasattr(exc.__cause__, "sqlstate"):  # not psycopg's (another database's)
+            return False
+        sqlstate: str | None = getattr(exc.__cause__, "sqlstate", None)
         if sqlstate is None:
             # psycopg names no SQLSTATE when the server closed the connection, when none
             # could be made, or when it was closed already.
