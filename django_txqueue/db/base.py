@@ -136,15 +136,15 @@ class Dialect:
         """A lock conflict worth retrying (deadlock, lock-wait timeout, busy file)."""
         return False
 
+    def approximate_count(self, queryset: QuerySet[Any]) -> int:
+        """Rows ``queryset`` would return, estimated without a scan where possible."""
+        return queryset.count()
+
     def is_disconnect(self, exc: Error) -> bool:
         """The connection is lost or no longer fit for writes (the server went away, shuts
         down, or became a read-only replica after a failover): drop it and reconnect.
         The database's failure, not the caller's: work it interrupted is not an attempt."""
         return False
-
-    def approximate_count(self, queryset: QuerySet[Any]) -> int:
-        """Rows ``queryset`` would return, estimated without a scan where possible."""
-        return queryset.count()
 
     def estimated_count(self, queryset: QuerySet[Any], exact_up_to: int) -> int:
         """How many rows ``queryset`` has, never reading more than ``exact_up_to + 1`` of

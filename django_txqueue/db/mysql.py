@@ -28,14 +28,14 @@ if TYPE_CHECKING:
 
 # ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
 TRANSIENT_ERRORS = {1213, 1205}
+# SHOW ENGINE INNODB STATUS: the next transaction id, and how far the purge has come.
+TRX_COUNTER = re.compile(r"Trx id counter (\d+)")
+PURGED_BELOW = re.compile(r"Purge done for trx's n:o < (\d+)")
 # Lost connections: CR_CONNECTION_ERROR, CR_CONN_HOST_ERROR, CR_SERVER_GONE_ERROR,
 # CR_SERVER_LOST, CR_SERVER_LOST_EXTENDED, ER_SERVER_SHUTDOWN, ER_CONNECTION_KILLED,
 # ER_CLIENT_INTERACTION_TIMEOUT, and ER_UNKNOWN_COM_ERROR, which a Galera node not
 # ready (not in the primary component) answers every statement with.
 DISCONNECT_ERRORS = {2002, 2003, 2006, 2013, 2055, 1053, 1927, 4031, 1047}
-# SHOW ENGINE INNODB STATUS: the next transaction id, and how far the purge has come.
-TRX_COUNTER = re.compile(r"Trx id counter (\d+)")
-PURGED_BELOW = re.compile(r"Purge done for trx's n:o < (\d+)")
 
 
 @contextlib.contextmanager

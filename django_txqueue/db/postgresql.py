@@ -22,14 +22,14 @@ if TYPE_CHECKING:
 LOST_RACE_RETRIES = 5
 # serialization_failure, deadlock_detected
 TRANSIENT_SQLSTATES = {"40001", "40P01"}
+# The channel the items table's trigger (migration 0002) NOTIFYs at commit, with the
+# queue name as payload.
+CHANNEL = "django_txqueue"
 # Lost connections: connection_exception (class 08), and admin_shutdown, crash_shutdown,
 # cannot_connect_now, read_only_sql_transaction (a former primary that came back as a
 # standby, or a standby reached without target_session_attrs=read-write).
 DISCONNECT_CLASS = "08"
 DISCONNECT_SQLSTATES = {"57P01", "57P02", "57P03", "25006"}
-# The channel the items table's trigger (migration 0002) NOTIFYs at commit, with the
-# queue name as payload.
-CHANNEL = "django_txqueue"
 
 
 class PostgreSQL(Dialect):
