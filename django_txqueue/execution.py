@@ -2,7 +2,10 @@
 
 A handler runs as it is, or, registered with ``atomic=True``, in a transaction that ends
 with the item's fenced acknowledgement. Whatever it raises is the item's failure, not
-the consumer's: ``SystemExit`` and ``KeyboardInterrupt`` too.
+the consumer's: ``SystemExit`` and ``KeyboardInterrupt`` too. Except the database's own
+failures: a lost connection (a server restart, a failover) or a transaction the database
+refused (a deadlock, a serialization or Galera certification failure) is no fault of the
+handler's, and its item goes back READY without counting an attempt (``Outcome.lost``).
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import Error as DatabaseError
-from django.db import connections, transaction
+from django.db import DatabaseError, Error, connections, transaction
 
 from . import registry, store
+from .db import dialect_for
 from .exceptions import NotJSONSerializable
 from .models import QueueItem
 from .validation import check_json
@@ -37,6 +40,9 @@ class Outcome:
     # None: the settler acknowledges a success. True or False: an atomic handler's own
     # transaction did, or was refused (the claim was taken over; its writes rolled back).
     acknowledged: bool | None = None
+    # The error was the database's (``databases_failure``), not the handler's: the item
+    # goes back READY with no attempt counted and no retry delay.
+    lost: bool = False
 
     def failed(self, exc: BaseException, *, retry: bool = True) -> None:
         cls = type(exc)
@@ -59,6 +65,7 @@ def run_handler(handle: registry.Handler, item: QueueItem) -> Outcome:
         outcome.failed(exc, retry=False)  # running it again would return the same
     except BaseException as exc:  # SystemExit or KeyboardInterrupt too: the item's failure
         outcome.failed(exc)
+        outcome.lost = databases_failure(exc, item._state.db or "default")
         close_broken_connections(failed_only=True)  # else every later item fails too
     outcome.duration = time.monotonic() - started
     return outcome
@@ -95,6 +102,29 @@ def run_atomic(handle: registry.Handler, item: QueueItem) -> tuple[Any, bool]:
     return result, acknowledged
 
 
+def databases_failure(exc: BaseException, alias: str) -> bool:
+    """Whether ``exc`` is database ``alias``'s failure rather than the handler's: a lost
+    connection (dropped here, even one still open to a server now read-only, so that
+    Django reconnects, to the new primary) or a transaction the database refused."""
+    if not isinstance(exc, Error):
+        return False
+    vendor = dialect_for(alias)
+    if vendor.is_disconnect(exc):
+        drop_connection(alias)
+        return True
+    return isinstance(exc, DatabaseError) and vendor.is_transient(exc)
+
+
+def drop_connection(alias: str) -> None:
+    """Close this thread's connection to ``alias``, however broken; Django reconnects on
+    next use."""
+    connection = connections[alias]
+    try:
+        connection.close()
+    except Error:
+        connection.connection = None
+
+
 def close_if_broken(alias: str) -> None:
     """Drop this thread's connection if it can no longer be used; Django reconnects on
     next use."""
@@ -102,7 +132,7 @@ def close_if_broken(alias: str) -> None:
     try:
         if connection.connection is not None and not connection.is_usable():
             connection.close()
-    except DatabaseError:
+    except Error:
         connection.connection = None
 
 

@@ -18,14 +18,17 @@ def backoff(attempts: int, base: float, cap: float) -> timedelta:
 
 
 # A consumer that cannot reach its database pauses 0.5 s, then twice as long each time,
-# up to 30 s: at start-up and in its loop alike.
+# up to 30 s at start-up. In its loop, up to 1 s only: a failover's new primary (or a
+# restarted server) is then claimed from within about a second of accepting writes, where
+# a doubled pause would leave it idle for up to 30 s. A reconnection try is cheap.
 FIRST_PAUSE = 0.5
 MAX_PAUSE = 30.0
+RECONNECT_MAX_PAUSE = 1.0
 
 
-def next_pause(previous: float) -> float:
+def next_pause(previous: float, cap: float = MAX_PAUSE) -> float:
     """The pause after one more failed try at the database (``previous``: 0 at first)."""
-    return min(max(previous * 2, FIRST_PAUSE), MAX_PAUSE)
+    return min(max(previous * 2, FIRST_PAUSE), cap)
 
 
 def jittered(pause: float) -> float:

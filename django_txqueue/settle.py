@@ -4,7 +4,11 @@ successes, a retry or a failure for each error, then the signals and counters.
 Handler threads ``put`` outcomes; the consumer's main thread calls ``settle()``, so
 every write happens on one thread and connection. An outcome leaves ``unsettled``
 only once the database has it: after a lost connection the rest is settled on a
-later turn.
+later turn, and what was settled before the error is returned by that later call (the
+consumer's in-flight list forgets an item only when told it is settled).
+
+An outcome the database failed (``Outcome.lost``: a lost connection, a refused
+transaction) is released: READY again at once, no attempt counted.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class Settler:
         self.unsettled: list[Outcome] = []
         # One claim's successes, left for the next claim to acknowledge (``settle(hold=True)``).
         self.held: tuple[int, list[Outcome]] | None = None
+        # Settled, not yet returned: a later step of the same ``settle()`` raised.
+        self.settled: list[Outcome] = []
         self.processed = 0
         self.failed = 0
 
@@ -47,7 +53,8 @@ class Settler:
             self.unsettled += self.outcomes.get(timeout=timeout)
 
     def settle(self, *, hold: bool = False) -> list[Outcome]:
-        """Write every outcome received so far; returns those now settled.
+        """Write every outcome received so far; returns those now settled (and those
+        settled before an earlier call raised).
 
         With ``hold``, one claim's successes are left unwritten as ``held``, for their
         acknowledgement to ride with the next claim (``acknowledged`` settles them).
@@ -77,11 +84,14 @@ class Settler:
                 settled += group
             settled += already
             for outcome in errors:
-                self._fail(outcome)
+                if outcome.lost:
+                    self._release(outcome)
+                else:
+                    self._fail(outcome)
                 settled.append(outcome)
         finally:
             self._settled(settled)
-        return settled
+        return self._take_settled()
 
     @property
     def holding(self) -> int:
@@ -103,7 +113,7 @@ class Settler:
         self.held = None
         self._report_refused(count, group)
         self._settled(group)
-        return group
+        return self._take_settled()
 
     def _settled(self, settled: list[Outcome]) -> None:
         """What the database has leaves ``unsettled`` (even when a later write fails)."""
@@ -112,7 +122,12 @@ class Settler:
         else:
             done = {id(outcome) for outcome in settled}
             self.unsettled = [o for o in self.unsettled if id(o) not in done]
+        self.settled += settled
         self._count(settled)
+
+    def _take_settled(self) -> list[Outcome]:
+        taken, self.settled = self.settled, []
+        return taken
 
     @staticmethod
     def _report_refused(acknowledged: int, group: list[Outcome]) -> None:
@@ -122,6 +137,21 @@ class Settler:
                 len(group) - acknowledged,
                 len(group),
             )
+
+    @staticmethod
+    def _release(outcome: Outcome) -> None:
+        """The database failed, not the handler: READY again, no attempt counted, no
+        delay. Unless the item's transaction committed after all (its COMMIT landed as the
+        connection dropped): then the row is no longer held, and nothing changes."""
+        item = outcome.item
+        released = store.release(item)
+        logger.warning(
+            "%s #%s: the database failed, not the handler; %s: %s",
+            item.queue,
+            item.pk,
+            "back to READY, no attempt counted" if released else "settled meanwhile",
+            ((outcome.error or "").strip().splitlines() or [""])[-1],
+        )
 
     def _fail(self, outcome: Outcome) -> None:
         item = outcome.item
@@ -146,8 +176,8 @@ class Settler:
         done_heard = signals.heard(signals.item_done, QueueItem)
         failed_heard = signals.heard(signals.item_failed, QueueItem)
         for outcome in outcomes:
-            if outcome.acknowledged is False:
-                continue  # nothing happened: its transaction rolled back, another claim has it
+            if outcome.acknowledged is False or outcome.lost:
+                continue  # nothing happened: rolled back, or released to run again
             if outcome.error is None:
                 self.processed += 1
                 if done_heard:

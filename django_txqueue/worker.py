@@ -29,11 +29,17 @@ from . import conf, registry, signals, store
 from .api import Queue
 from .claims import Resume
 from .db import dialect_for
-from .execution import Outcome, close_broken_connections, close_if_broken, run_handler
+from .execution import (
+    Outcome,
+    close_broken_connections,
+    close_if_broken,
+    drop_connection,
+    run_handler,
+)
 from .liveness import Liveness
 from .logs import forget_queries, one_line
 from .models import Consumer, QueueItem
-from .retry import jittered, next_pause
+from .retry import RECONNECT_MAX_PAUSE, jittered, next_pause
 from .rotation import Rotation
 from .settle import Settler
 from .wakeup import Waiter
@@ -261,7 +267,7 @@ class Worker:
         False."""
         try:
             done = bool(step(station))
-        except (OperationalError, InterfaceError) as exc:
+        except DatabaseError as exc:
             self._recover(station, exc)
             return False
         station.backoff = 0.0
@@ -343,9 +349,13 @@ class Worker:
         when the pause is over.
 
         Other database errors (a missing table, say) are bugs or setup mistakes: they end
-        the consumer with a traceback instead of retrying forever.
+        the consumer with a traceback instead of retrying forever. The pause stays short
+        (``RECONNECT_MAX_PAUSE``): a failover's new primary is claimed from at once.
         """
-        station.backoff = next_pause(station.backoff)
+        lost = dialect_for(station.alias).is_disconnect(exc)
+        if not lost and not isinstance(exc, (OperationalError, InterfaceError)):
+            raise exc
+        station.backoff = next_pause(station.backoff, RECONNECT_MAX_PAUSE)
         station.down_until = time.monotonic() + jittered(station.backoff)
         logger.warning(
             "database error, retrying in %.1f s: %s%s",
@@ -353,6 +363,8 @@ class Worker:
             one_line(exc),
             f" (database {station.alias!r})" if len(self.stations) > 1 else "",
         )
+        if lost:  # even a connection still open, to a server now read-only
+            drop_connection(station.alias)
         self._database_error(station.alias)
 
     def _database_error(self, alias: str) -> None:

@@ -121,7 +121,45 @@ FEATURES = {
         "column lengths enforced (a varchar(n) refuses longer text)",
         lambda c: c.vendor != "sqlite",
     ),
+    # The package's: its dialect knows a lost connection from the error (a server's).
+    "lost_connections": Feature(
+        "connections to a server that can be lost",
+        lambda c: type(_dialect(c)).is_disconnect is not _base_dialect().is_disconnect,
+    ),
+    # Neither names it: a PostgreSQL standby refuses writes with read_only_sql_transaction,
+    # which a client left on a demoted primary meets after a failover.
+    "read_only_standbys": Feature(
+        "read-only standbys whose refusal counts as a lost connection",
+        lambda c: c.vendor == "postgresql",
+    ),
 }
+
+
+def _base_dialect():
+    from django_txqueue.db import Dialect
+
+    return Dialect
+
+
+# SQL by which a server drops the very connection that sends it, as a server restart or a
+# failover would: neither Django nor the package has it. SQLite has no server: its
+# connection is closed under Django's feet instead.
+DROP_OWN_CONNECTION = {
+    "postgresql": "SELECT pg_terminate_backend(pg_backend_pid())",
+    "mysql": "KILL CONNECTION_ID()",
+}
+
+
+def lose_connection(using="default"):
+    """Have the server drop this thread's connection to ``using``: its next statement
+    raises the vendor's lost-connection error, as after a server restart."""
+    lost = connections[using]
+    lost.ensure_connection()
+    if lost.vendor not in DROP_OWN_CONNECTION:
+        lost.connection.close()
+        return
+    with contextlib.suppress(Exception), lost.connection.cursor() as cursor:  # the raw one
+        cursor.execute(DROP_OWN_CONNECTION[lost.vendor])
 
 
 def has(feature, using="default"):

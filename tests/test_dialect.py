@@ -2,13 +2,14 @@
 test_claim.py, their inserts in test_inserts.py."""
 
 import pytest
-from django.db import connection
+from django.db import Error, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_txqueue import Queue
 from django_txqueue.db import dialect_for
+from django_txqueue.execution import drop_connection
 from django_txqueue.models import QueueItem
-from tests.helpers import has
+from tests.helpers import has, lose_connection
 
 
 def estimated_count(queryset, bound):
@@ -40,3 +41,41 @@ class TestEstimatedCount:
     @pytest.mark.parametrize("bound", [0, 5])
     def test_an_empty_queryset_is_zero(self, db, bound):
         assert estimated_count(QueueItem.objects.filter(queue="none"), bound) == 0
+
+
+def broken_query():
+    """A query on this thread's connection after the server dropped it; the error it
+    raised."""
+    lose_connection()
+    try:
+        QueueItem.objects.count()
+    except Error as exc:
+        return exc
+    finally:
+        drop_connection("default")
+    raise AssertionError("a closed connection answered")
+
+
+@pytest.mark.django_db(transaction=True)
+class TestIsDisconnect:
+    """``is_disconnect``: the connection is lost (drop it, reconnect); the database's
+    failure, never the handler's."""
+
+    @pytest.mark.requires("lost_connections")
+    def test_a_lost_connection_is_one(self):
+        assert dialect_for("default").is_disconnect(broken_query())
+        assert QueueItem.objects.count() == 0  # reconnected
+
+    def test_a_statements_own_error_is_not(self):
+        with pytest.raises(Error) as raised, connection.cursor() as cursor:
+            cursor.execute("SELECT no_such_column FROM django_txqueue_queueitem")
+        assert not dialect_for("default").is_disconnect(raised.value)
+
+    @pytest.mark.requires("read_only_standbys")
+    def test_a_write_refused_as_read_only_is_one(self):
+        """What a connection left on a former primary, now a standby, meets."""
+        with pytest.raises(Error) as raised, transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION READ ONLY")
+            Queue("read-only").enqueue({})
+        assert dialect_for("default").is_disconnect(raised.value)

@@ -2,10 +2,14 @@
 consumer's; test_atomic_handlers.py covers the atomic handler's transaction in depth."""
 
 import pytest
+from django.db import connection
 
 from django_txqueue import Queue, Status, registry
 from django_txqueue.execution import Outcome, run_handler
 from django_txqueue.models import QueueItem
+from django_txqueue.settle import Settler
+from tests.helpers import lose_connection
+from tests.testapp.models import Run
 
 
 @pytest.fixture
@@ -68,3 +72,39 @@ def test_outcome_failed_records_the_class_path_and_whether_to_retry(claimed):
     outcome.failed(ValueError("bad"), retry=False)
     assert (outcome.error_class, outcome.retry) == ("builtins.ValueError", False)
     assert outcome.error.rstrip().endswith("ValueError: bad")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.requires("lost_connections")
+def test_an_atomic_handler_whose_connection_is_lost_is_the_databases_failure():
+    """Its writes roll back with the lost transaction, the connection is dropped for
+    Django to reconnect, and the outcome is ``lost``: the item is released, not failed."""
+
+    def loses_its_connection(item):
+        Run.objects.create(item_id=item.pk, consumer="lost")
+        lose_connection()  # the server drops it mid-transaction, as at a failover
+        Run.objects.create(item_id=item.pk, consumer="lost")
+
+    registry.handler("execution-lost", atomic=True)(loses_its_connection)
+    try:
+        Queue("execution-lost").enqueue({})
+        [item] = Queue("execution-lost").claim(1)
+        outcome = run_handler(registry.handlers()["execution-lost"], item)
+    finally:
+        registry.unregister("execution-lost")
+    assert outcome.lost and outcome.error is not None and outcome.acknowledged is None
+    assert not Run.objects.filter(item_id=item.pk).exists()  # reconnected, rolled back
+    settler = Settler("default")
+    settler.put([outcome])
+    settler.settle()
+    stored = QueueItem.objects.get(pk=item.pk)
+    assert (stored.status, stored.attempts) == (Status.READY, 0)
+
+
+def test_a_handlers_own_database_error_is_its_failure(claimed):
+    def bad_query(item):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT no_such_column FROM django_txqueue_queueitem")
+
+    outcome = run_handler(bad_query, claimed)
+    assert outcome.error is not None and not outcome.lost

@@ -9,7 +9,14 @@ from datetime import timedelta
 
 import pytest
 
-from django_txqueue.retry import FIRST_PAUSE, MAX_PAUSE, backoff, jittered, next_pause
+from django_txqueue.retry import (
+    FIRST_PAUSE,
+    MAX_PAUSE,
+    RECONNECT_MAX_PAUSE,
+    backoff,
+    jittered,
+    next_pause,
+)
 
 
 def draws(function, *args, n=2000):
@@ -57,3 +64,13 @@ class TestDatabasePauses:
         jittered_pauses = draws(jittered, 10.0)
         assert all(8.0 <= pause <= 12.0 for pause in jittered_pauses)
         assert min(jittered_pauses) < 8.2 and max(jittered_pauses) > 11.8
+
+
+def test_the_consumers_reconnection_pause_stays_short():
+    """In its loop a consumer tries its database again at least every second (with
+    jitter): a failover's new primary is claimed from at once, not after 16-30 s."""
+    pauses, pause = [], 0.0
+    for _ in range(6):
+        pause = next_pause(pause, RECONNECT_MAX_PAUSE)
+        pauses.append(pause)
+    assert pauses == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]

@@ -10,14 +10,14 @@ import threading
 import time
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, Error, connection
 from django.test.utils import CaptureQueriesContext
 
 from django_txqueue import Status, signals, store
-from django_txqueue.execution import Outcome
+from django_txqueue.execution import Outcome, drop_connection
 from django_txqueue.models import QueueItem
 from django_txqueue.settle import Settler
-from tests.helpers import expire
+from tests.helpers import expire, lose_connection
 
 
 def acknowledgements(queries):
@@ -157,7 +157,7 @@ class TestErrors:
 
     def test_what_the_database_has_leaves_unsettled_the_rest_waits(self, queue, monkeypatch):
         """The connection breaks at the retry: the acknowledgement before it is settled,
-        the error is written on a later turn."""
+        the error is written on a later turn, which returns both."""
         queue.enqueue_many([{}] * 2)
         succeeded, failed = queue.claim(2)
         settler = Settler("default")
@@ -175,7 +175,8 @@ class TestErrors:
         assert stored(succeeded).status == Status.DONE
 
         monkeypatch.setattr(store, "retry", retry)
-        assert [outcome.item.pk for outcome in settler.settle()] == [failed.pk]
+        # The success settled before the break is returned now, with the error.
+        assert [outcome.item.pk for outcome in settler.settle()] == [succeeded.pk, failed.pk]
         assert settler.unsettled == []
         assert (settler.processed, settler.failed) == (1, 1)
         assert stored(failed).status == Status.READY and "boom" in stored(failed).last_error
@@ -276,3 +277,72 @@ class TestSignals:
             ("failed", retried.pk, "ValueError: again", True, 0.0),
             ("failed", failed.pk, "ValueError: never", False, 0.0),
         ]
+
+
+class TestDatabasesFailure:
+    """An outcome the database failed (``Outcome.lost``: a lost connection, a refused
+    transaction) goes back READY at once, no attempt counted; and what was settled before
+    a lost connection is still reported as settled (the consumer's in-flight list)."""
+
+    def test_a_lost_outcome_is_ready_again_at_once_with_no_attempt_counted(
+        self, queue, caplog, settings
+    ):
+        settings.TXQUEUE = {**settings.TXQUEUE, "RETRY_DELAY": 60, "RETRY_MAX_DELAY": 60}
+        queue.enqueue({})
+        [item] = queue.claim(1)
+        outcome = failure(DatabaseError("server closed the connection unexpectedly"), item)
+        outcome.lost = True
+        settler = Settler("default")
+        settler.put([outcome])
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.settle"):
+            assert settler.settle() == [outcome]
+        row = stored(item)
+        assert (row.status, row.attempts, row.last_error) == (Status.READY, 0, "")
+        assert queue.claim(1)[0].pk == item.pk  # no retry delay
+        assert (settler.processed, settler.failed) == (0, 0)
+        assert "the database failed, not the handler; back to READY" in caplog.text
+
+    def test_a_lost_outcome_whose_commit_landed_changes_nothing(self, queue, caplog):
+        """The atomic handler's COMMIT raised, but the server had it: the row is DONE."""
+        queue.enqueue({})
+        [item] = queue.claim(1)
+        store.ack_many(QueueItem, "default", item.claim_token, {item.pk: "kept"})
+        outcome = failure(DatabaseError("server closed the connection unexpectedly"), item)
+        outcome.lost = True
+        settler = Settler("default")
+        settler.put([outcome])
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.settle"):
+            settler.settle()
+        row = stored(item)
+        assert (row.status, row.attempts, row.result) == (Status.DONE, 1, "kept")
+        assert "settled meanwhile" in caplog.text
+
+    @pytest.mark.django_db(transaction=True)
+    def test_what_was_settled_before_the_connection_broke_is_returned_later(self, queue):
+        """The connection breaks between two claims' acknowledgements: the first claim's
+        items are DONE, and a later ``settle()`` returns them with the rest, so that the
+        consumer forgets them (else they stayed "in flight" and its shutdown waited for
+        them: "1 items left IN_PROGRESS" with every row DONE)."""
+        queue.enqueue_many([{}] * 4)
+        first, second = queue.claim(2), queue.claim(2)
+        settler = Settler("default")
+        settler.put([Outcome(item) for item in first])
+        settler.put([Outcome(item) for item in second])
+        acks = []
+
+        def break_before_the_second_ack(execute, sql, params, many, context):
+            if sql.startswith("UPDATE") and "finished_at" in sql:
+                acks.append(sql)
+                if len(acks) == 2:
+                    lose_connection()  # the server drops it, as at a restart
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(break_before_the_second_ack), pytest.raises(Error):
+            settler.settle()
+        drop_connection("default")  # what the consumer does before its next turn
+        assert {stored(item).status for item in first} == {Status.DONE}
+
+        returned = settler.settle()
+        assert sorted(o.item.pk for o in returned) == sorted(i.pk for i in first + second)
+        assert settler.settle() == [] and settler.unsettled == []
+        assert {row.status for row in queue.items.all()} == {Status.DONE}

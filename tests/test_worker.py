@@ -1,5 +1,6 @@
 """The consumer loop in this process (threads, real database); e2e/ runs it as a command."""
 
+import logging
 import time
 
 import pytest
@@ -191,6 +192,23 @@ class TestClaimAhead:
         # Stopped: what no handler started went back READY, its attempt uncounted.
         assert not claimed.exists()
         assert Queue("slow").count(status=Status.DONE) == Run.objects.count()
+
+
+class TestLostConnection:
+    @pytest.mark.requires("read_only_standbys")
+    def test_a_connection_to_a_server_now_read_only_is_made_again(self, caplog):
+        """After a failover, a connection left on the former primary, now a standby, has
+        its writes refused as read-only: the consumer drops it and connects again (to the
+        new primary, with target_session_attrs=read-write) instead of dying of the error."""
+        Queue("echo").enqueue_many([{}] * 3)
+        with connections["default"].cursor() as cursor:  # the consumer's loop's connection
+            cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.worker"):
+            assert worker_for("echo", burst=True).run() == 0
+        assert "database error, retrying in 0.5 s" in caplog.text
+        assert "read-only transaction" in caplog.text
+        assert Queue("echo").count(status=Status.DONE) == 3
+        assert set(QueueItem.objects.values_list("attempts", flat=True)) == {1}
 
 
 class TestWakeup:

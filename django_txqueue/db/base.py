@@ -2,9 +2,10 @@
 
 A dialect holds what differs between databases, as named facts (like Django's
 ``DatabaseFeatures``) and as the SQL that only that vendor writes: the two claim
-strategies, lease arithmetic, which errors are worth retrying, a cheap row estimate,
-how an idle consumer hears of new work, and a lock that is only ever tried. Dialects
-hold no connection (connections are per thread); every method is given the one to use.
+strategies, lease arithmetic, which errors are worth retrying and which are a lost
+connection, a cheap row estimate, how an idle consumer hears of new work, and a lock that
+is only ever tried. Dialects hold no connection (connections are per thread); every
+method is given the one to use.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from django.db import DatabaseError, NotSupportedError
+from django.db import DatabaseError, Error, NotSupportedError
 
 from .. import conf
 from ..conf import STRATEGIES
@@ -145,6 +146,12 @@ class Dialect:
     def approximate_count(self, queryset: QuerySet[Any]) -> int:
         """Rows ``queryset`` would return, estimated without a scan where possible."""
         return queryset.count()
+
+    def is_disconnect(self, exc: Error) -> bool:
+        """The connection is lost or no longer fit for writes (the server went away, shuts
+        down, or became a read-only replica after a failover): drop it and reconnect.
+        The database's failure, not the caller's: work it interrupted is not an attempt."""
+        return False
 
     def estimated_count(self, queryset: QuerySet[Any], exact_up_to: int) -> int:
         """How many rows ``queryset`` has, never reading more than ``exact_up_to + 1`` of

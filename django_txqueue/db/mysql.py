@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, Error, InterfaceError, connections, transaction
 
 from ..status import Status
 from .base import Dialect
@@ -35,6 +35,11 @@ TRANSIENT_ERRORS = {1213, 1205}
 # SHOW ENGINE INNODB STATUS: the next transaction id, and how far the purge has come.
 TRX_COUNTER = re.compile(r"Trx id counter (\d+)")
 PURGED_BELOW = re.compile(r"Purge done for trx's n:o < (\d+)")
+# Lost connections: CR_CONNECTION_ERROR, CR_CONN_HOST_ERROR, CR_SERVER_GONE_ERROR,
+# CR_SERVER_LOST, CR_SERVER_LOST_EXTENDED, ER_SERVER_SHUTDOWN, ER_CONNECTION_KILLED,
+# ER_CLIENT_INTERACTION_TIMEOUT, and ER_UNKNOWN_COM_ERROR, which a Galera node not
+# ready (not in the primary component) answers every statement with.
+DISCONNECT_ERRORS = {2002, 2003, 2006, 2013, 2055, 1053, 1927, 4031, 1047}
 
 
 @contextlib.contextmanager
@@ -249,6 +254,12 @@ class MySQL(Dialect):
         if counter is None or purged is None:
             return None
         return int(counter.group(1)), int(purged.group(1))
+
+    def is_disconnect(self, exc: Error) -> bool:
+        # mysqlclient's InterfaceError (0, '') is a statement on a closed connection.
+        if isinstance(exc, InterfaceError):
+            return True
+        return bool(exc.args) and exc.args[0] in DISCONNECT_ERRORS
 
     def approximate_count(self, queryset: QuerySet[Any]) -> int:
         """InnoDB's row estimate for ``queryset`` from EXPLAIN (index dives, no scan)."""

@@ -7,7 +7,7 @@ import json
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, Error, InterfaceError, OperationalError, connections
 
 from ..status import Status
 from .base import Dialect
@@ -25,6 +25,11 @@ TRANSIENT_SQLSTATES = {"40001", "40P01"}
 # The channel the items table's trigger (migration 0002) NOTIFYs at commit, with the
 # queue name as payload.
 CHANNEL = "django_txqueue"
+# Lost connections: connection_exception (class 08), and admin_shutdown, crash_shutdown,
+# cannot_connect_now, read_only_sql_transaction (a former primary that came back as a
+# standby, or a standby reached without target_session_attrs=read-write).
+DISCONNECT_CLASS = "08"
+DISCONNECT_SQLSTATES = {"57P01", "57P02", "57P03", "25006"}
 
 
 class PostgreSQL(Dialect):
@@ -185,6 +190,16 @@ class PostgreSQL(Dialect):
 
     def listen(self, alias: str) -> NotifyListener:
         return NotifyListener(alias)
+
+    def is_disconnect(self, exc: Error) -> bool:
+        if not hasattr(exc.__cause__, "sqlstate"):  # not psycopg's (another database's)
+            return False
+        sqlstate: str | None = getattr(exc.__cause__, "sqlstate", None)
+        if sqlstate is None:
+            # psycopg names no SQLSTATE when the server closed the connection, when none
+            # could be made, or when it was closed already.
+            return isinstance(exc, (OperationalError, InterfaceError))
+        return sqlstate.startswith(DISCONNECT_CLASS) or sqlstate in DISCONNECT_SQLSTATES
 
 
 class NotifyListener:
