@@ -10,6 +10,10 @@ Polling stays the fallback everywhere: a lost datagram or notification costs at 
 one ``POLL_INTERVAL``. A producer may hold an address list from before a consumer
 registered for ``ADDRESS_CACHE_SECONDS``; so for that long after registering, a
 consumer polls every ``NEW_CONSUMER_POLL`` instead of counting on datagrams.
+
+A LISTEN that cannot hear notifications at all (through a transaction pool such as
+PgBouncer's) is found by the listener's probe on the first wait, said in a WARNING that
+names ``LISTEN_DATABASES``, and not tried again: that consumer polls.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 from django.db import transaction
 
 from . import conf
-from .db import Listener, dialect_for
+from .db import Listener, NotificationsLost, dialect_for
 from .logs import one_line
 from .models import Consumer
 
@@ -54,6 +58,11 @@ class Waiter:
         self._closing = threading.RLock()
         os.set_blocking(self._stop_write, False)
         self.listener: Listener | None = None
+        # The alias whose connection settings the LISTEN connection takes (a direct one
+        # or a session pool's, when the queue's own goes through a transaction pool).
+        self.listen_via: str = conf.get("LISTEN_DATABASES").get(alias, alias)
+        # Set when notifications cannot reach a LISTEN through listen_via: poll only.
+        self.deaf = False
         self.socket: socket.socket | None = None
         # Until then producers may not know this consumer's address: set on the first wait.
         self.unknown_until: float | None = None
@@ -74,14 +83,25 @@ class Waiter:
 
     def _listen(self) -> None:
         try:
-            self.listener = self.dialect.listen(self.alias)
+            self.listener = self.dialect.listen(self.alias, self.listen_via)
+        except NotificationsLost as exc:
+            self.deaf = True
+            logger.warning(
+                "wake-ups off, idle consumers poll every %s s: %s. A transaction pool "
+                "(PgBouncer pool_mode=transaction) loses them: set TXQUEUE"
+                "['LISTEN_DATABASES'] = {%r: ALIAS}, ALIAS a database alias that connects "
+                "to PostgreSQL directly or through a session pool.",
+                conf.get("POLL_INTERVAL"),
+                exc,
+                self.alias,
+            )
         except Exception as exc:  # the database is down: poll until it is back
             logger.warning("LISTEN failed, polling instead: %s", one_line(exc))
             self.listener = None
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; True if woken for one of our queues."""
-        if self.listener is None and self.dialect.has_notify:
+        if self.listener is None and self.dialect.has_notify and not self.deaf:
             self._listen()
         if self.socket is not None:
             if self.unknown_until is None:
