@@ -117,9 +117,9 @@ class PgBouncer:
                 time.sleep(0.05)
 
     def stop(self) -> None:
-        """SIGINT (a safe shutdown: waits for running transactions), by its own pid."""
+        """SIGTERM (an immediate shutdown), by its own pid."""
         if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
