@@ -1,20 +1,24 @@
 """A throwaway PgBouncer in front of the suite's PostgreSQL server, for the PgBouncer tests.
 
 Debian's ``/usr/sbin/pgbouncer`` (1.18+), its own directory, port, log and pid: started
-by ``start()``, stopped by its own pid. It serves one database, ``DBNAME``, on the server
-the suite runs against (``TXQUEUE_TEST_HOST``/``PORT``, the shared 127.0.0.1:5432 by
-default), under two names: ``DBNAME`` in ``pool_mode=transaction`` and
-``DBNAME + SESSION_SUFFIX`` in ``pool_mode=session``. Authentication is ``trust`` with a
-temporary auth_file; the pools are small (``POOL_SIZE`` server connections each), as a
-transaction pool is meant to be.
+by ``start()``, stopped by its own pid. It serves one database of the server the suite
+runs against (``TXQUEUE_TEST_HOST``/``PORT``, the shared 127.0.0.1:5432 by default) under
+two names: its own in ``pool_mode=transaction`` (``POOL_SIZE`` server connections, small
+as a transaction pool is meant to be) and with ``SESSION_SUFFIX`` in ``pool_mode=session``
+(``SESSION_POOL_SIZE``: a session pool needs one server connection per client).
+Authentication is ``trust`` with a temporary auth_file.
 
 Django processes get ``tests.e2e.pgbouncer_settings`` through ``child_env``: the database
 ``default`` (through PgBouncer, or directly: ``default=``) and any other aliases named
 (``aliases=``), each one of ``DIRECT``, ``TRANSACTION`` or ``SESSION``.
 
-    python tests/e2e/pgbouncer.py
+    python -m tests.e2e.pgbouncer [DBNAME]
 
-starts one and prints the two DSNs until interrupted (for trying it by hand).
+starts one and prints its two DSNs until interrupted (for trying it by hand), and
+
+    TXQUEUE_TEST_DB=postgresql python -m tests.e2e.pgbouncer measure [--items 3000]
+
+measures drains and wake-ups in each shape (docs/scaling-pgbouncer.md).
 """
 
 from __future__ import annotations
@@ -32,13 +36,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .servers import FAST, ROOT, free_port, is_root, tail
+from .servers import DONE, FAST, ROOT, free_port, is_root, tail
 
 BINARY = "/usr/sbin/pgbouncer"
 OS_USER = "postgres"  # PgBouncer refuses to run as root: -u switches to this user
 POOL_SIZE = 4
+SESSION_POOL_SIZE = 30
 SESSION_SUFFIX = "_session"
 START_TIMEOUT = 15.0
+# What a consumer logs when its LISTEN cannot hear notifications (wakeup.Waiter).
+WARNED = "set TXQUEUE['LISTEN_DATABASES']"
 
 # Where a Django alias connects: straight to PostgreSQL, or through one of the two pools.
 DIRECT, TRANSACTION, SESSION = "direct", "transaction", "session"
@@ -69,7 +76,8 @@ class PgBouncer:
         (self.root / "pgbouncer.ini").write_text(
             "[databases]\n"
             f"{dbname} = {server} pool_mode=transaction\n"
-            f"{dbname}{SESSION_SUFFIX} = {server} pool_mode=session\n"
+            f"{dbname}{SESSION_SUFFIX} = {server} pool_mode=session "
+            f"pool_size={SESSION_POOL_SIZE}\n"
             "[pgbouncer]\n"
             f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
             f"auth_type = trust\nauth_file = {self.root / 'users.txt'}\n"
@@ -205,10 +213,210 @@ def _ddl(*statements: str) -> None:
             connection.execute(statement)  # type: ignore[arg-type]
 
 
+# -- what the tests and the measurement read and run ---------------------------------
+
+
+def django(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(  # noqa: S603 - our own command line
+        [sys.executable, "-m", "django", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"django {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def query(bouncer: PgBouncer, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Rows of one statement on a direct connection (what an operator's psql sees)."""
+    with bouncer.connect(DIRECT) as connection:
+        cursor = connection.execute(sql, params)  # type: ignore[arg-type]
+        return list(cursor.fetchall()) if cursor.description else []
+
+
+def advisory_locks(bouncer: PgBouncer) -> list[tuple[Any, ...]]:
+    """Advisory locks held on the server in the test database, by anyone."""
+    return query(
+        bouncer,
+        "SELECT l.pid, l.objid, a.query FROM pg_locks l LEFT JOIN pg_stat_activity a "
+        "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.database = "
+        "(SELECT oid FROM pg_database WHERE datname = %s)",
+        (bouncer.dbname,),
+    )
+
+
+def registered(bouncer: PgBouncer, count: int) -> bool:
+    rows = query(bouncer, "SELECT count(*) FROM django_txqueue_consumer")
+    return bool(rows[0][0] >= count)
+
+
+def enqueue_one_by_one(env: dict[str, str], queue: str, count: int, gap: float) -> None:
+    """A producer process enqueueing ``count`` items, each committed alone, ``gap`` apart."""
+    django(
+        env,
+        "shell",
+        "-c",
+        "import time\nfrom django_txqueue import enqueue\n"
+        f"for i in range({count}):\n    enqueue({queue!r}, i)\n    time.sleep({gap})",
+    )
+
+
+def wake_up_delays(bouncer: PgBouncer, queue: str) -> list[float]:
+    """Seconds from each item's INSERT (committed at once) to its claim, by the server's
+    clock."""
+    rows = query(
+        bouncer,
+        "SELECT EXTRACT(EPOCH FROM claimed_at - run_at)::float FROM django_txqueue_queueitem "
+        "WHERE queue = %s AND claimed_at IS NOT NULL",
+        (queue,),
+    )
+    return sorted(row[0] for row in rows)
+
+
+def statuses(bouncer: PgBouncer, queue: str) -> dict[int, int]:
+    rows = query(
+        bouncer,
+        "SELECT status, count(*) FROM django_txqueue_queueitem WHERE queue = %s GROUP BY status",
+        (queue,),
+    )
+    return {int(status): int(n) for status, n in rows}
+
+
+# -- the measurement of docs/scaling-pgbouncer.md ------------------------------------
+
+# name: (the consumers' connection, the producer's, other aliases, TXQUEUE settings)
+SHAPES: dict[str, tuple[str, str, dict[str, str], dict[str, Any]]] = {
+    "direct": (DIRECT, DIRECT, {}, {}),
+    "transaction pool, LISTEN through it": (TRANSACTION, TRANSACTION, {}, {}),
+    "transaction pool, LISTEN_DATABASES direct": (
+        TRANSACTION,
+        TRANSACTION,
+        {"listen": DIRECT},
+        {"LISTEN_DATABASES": {"default": "listen"}},
+    ),
+    "consumers on the session pool": (SESSION, TRANSACTION, {}, {}),
+}
+
+
+def measure(items: int, consumers: int, samples: int, gap: float) -> None:
+    """Per shape: a drain of ``items`` by ``consumers`` processes (noop handler,
+    --concurrency 2 --batch 10), then ``samples`` wake-ups of an idle consumer (items
+    enqueued one at a time, ``gap`` seconds apart), advisory locks left, warnings."""
+    import statistics
+
+    name = "txqueue_pgbouncer_measure"
+    create_database(name)
+    bouncer = PgBouncer(name)
+    try:
+        bouncer.start()
+        django(bouncer.child_env(DIRECT), "migrate", "--noinput", "-v", "0")
+        print(
+            f"{items} items, {consumers} consumers (noop, --concurrency 2 --batch 10), "
+            f"POLL_INTERVAL 2 s, {samples} wake-ups {gap} s apart\n"
+        )
+        print("| shape | drain (items/s) | wake-up p50 | p95 | max | locks left | warnings |")
+        print("|---|---|---|---|---|---|---|")
+        for shape, (mode, producer, aliases, settings) in SHAPES.items():
+            row = _measure_shape(
+                bouncer, mode, producer, aliases, settings, items, consumers, samples, gap
+            )
+            delays, rate, locks, warnings = row
+            p50, p95 = statistics.median(delays), delays[int(0.95 * (len(delays) - 1))]
+            print(
+                f"| {shape} | {rate:,.0f} | {p50 * 1000:.1f} ms | {p95 * 1000:.1f} ms | "
+                f"{delays[-1] * 1000:.1f} ms | {locks} | {warnings} |",
+                flush=True,
+            )
+    finally:
+        bouncer.destroy()
+        drop_database(name)
+
+
+def _measure_shape(
+    bouncer: PgBouncer,
+    mode: str,
+    producer: str,
+    aliases: dict[str, str],
+    settings: dict[str, Any],
+    items: int,
+    consumers: int,
+    samples: int,
+    gap: float,
+) -> tuple[list[float], float, int, int]:
+    for table in ("django_txqueue_queueitem", "django_txqueue_consumer"):
+        query(bouncer, f"DELETE FROM {table}")
+    env = bouncer.child_env(
+        mode,
+        aliases,
+        {"POLL_INTERVAL": 2, "PURGE_INTERVAL": 1, "RETENTION": 3600, **settings},
+    )
+    producer_env = bouncer.child_env(producer)
+    logs = [bouncer.root / f"{mode}-{n}.log" for n in range(consumers)]
+    command = [sys.executable, "-m", "django", "run_queue_consumer", "noop"]
+    command += ["--concurrency", "2", "--batch", "10", "-v", "2"]
+    running = []
+    for log in logs:
+        with open(log, "wb") as stderr:
+            running.append(
+                subprocess.Popen(  # noqa: S603 - our own command line
+                    command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr
+                )
+            )
+    try:
+        until(lambda: registered(bouncer, consumers), 30)
+        time.sleep(3)  # past the first wait, and a failing LISTEN probe's 2 s
+        django(
+            producer_env,
+            "shell",
+            "-c",
+            "from django.db import transaction\nfrom django_txqueue import enqueue_many\n"
+            f"with transaction.atomic():\n    enqueue_many('noop', list(range({items})))",
+        )
+        until(lambda: statuses(bouncer, "noop") == {DONE: items}, 300)
+        [(seconds,)] = query(
+            bouncer,
+            "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(run_at))::float "
+            "FROM django_txqueue_queueitem WHERE queue = 'noop'",
+        )
+        query(bouncer, "DELETE FROM django_txqueue_queueitem")
+        enqueue_one_by_one(producer_env, "noop", samples, gap)
+        until(lambda: statuses(bouncer, "noop") == {DONE: samples}, 60)
+        delays = wake_up_delays(bouncer, "noop")
+    finally:
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        for process in running:
+            process.wait(timeout=60)
+    warnings = sum(log.read_text(errors="replace").count(WARNED) for log in logs)
+    return delays, items / seconds, len(advisory_locks(bouncer)), warnings
+
+
+def until(condition: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout} s")
+        time.sleep(0.05)
+
+
 if __name__ == "__main__":
     reason = PgBouncer.missing()
     if reason:
         sys.exit(reason)
+    if sys.argv[1:2] == ["measure"]:
+        import argparse
+
+        parser = argparse.ArgumentParser(prog="python -m tests.e2e.pgbouncer measure")
+        parser.add_argument("--items", type=int, default=3000)
+        parser.add_argument("--consumers", type=int, default=3)
+        parser.add_argument("--samples", type=int, default=40)
+        parser.add_argument("--gap", type=float, default=0.3)
+        options = parser.parse_args(sys.argv[2:])
+        measure(options.items, options.consumers, options.samples, options.gap)
+        sys.exit(0)
     bouncer = PgBouncer(sys.argv[1] if len(sys.argv) > 1 else "postgres")
     try:
         bouncer.start()
