@@ -225,7 +225,7 @@ class NotifyListener:
     (as producers commit) must arrive within ``PROBE_TIMEOUT``. Behind a transaction
     pool it does not (the LISTEN ran on a server connection that went back to the pool
     and now serves other clients), and ``NotificationsLost`` is raised instead. The probe
-    channel is never used again, so the pooled server connection left listening on it
+    channel is never used again, so a pooled server connection left listening on it
     delivers nothing to anyone.
     """
 
@@ -254,6 +254,8 @@ class NotifyListener:
                     if notification.relname.decode() == channel:
                         self.connection.execute(f"UNLISTEN {channel}")
                         return
+        # Best effort: through a transaction pool this may reach another server connection.
+        self.connection.execute(f"UNLISTEN {channel}")
         raise NotificationsLost(
             f"a notification sent through database {alias!r} did not reach a LISTEN "
             f"through {via!r} within {PROBE_TIMEOUT} s"
