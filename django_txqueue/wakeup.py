@@ -13,7 +13,8 @@ consumer polls every ``NEW_CONSUMER_POLL`` instead of counting on datagrams.
 
 A LISTEN that cannot hear notifications at all (through a transaction pool such as
 PgBouncer's) is found by the listener's probe on the first wait, said in a WARNING that
-names ``LISTEN_DATABASES``, and not tried again: that consumer polls.
+names ``LISTEN_DATABASES``; that consumer polls, and tries again every
+``REPROBE_INTERVAL``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ logger = logging.getLogger(__name__)
 ADDRESS_CACHE_SECONDS = 0.25
 NEW_CONSUMER_POLL = 0.01  # seconds between polls while producers may not know us yet
 MAX_DATAGRAM = 512
+# A consumer whose LISTEN probe failed tries it again after this many seconds (a probe
+# that was only slow must not turn wake-ups off for good).
+REPROBE_INTERVAL = 300.0
 
 
 class Waiter:
@@ -61,8 +65,9 @@ class Waiter:
         # The alias whose connection settings the LISTEN connection takes (a direct one
         # or a session pool's, when the queue's own goes through a transaction pool).
         self.listen_via: str = conf.get("LISTEN_DATABASES").get(alias, alias)
-        # Set when notifications cannot reach a LISTEN through listen_via: poll only.
-        self.deaf = False
+        # Notifications could not reach a LISTEN through listen_via: poll only, until then
+        # (monotonic), when the probe is tried again; None while not found deaf.
+        self.deaf_until: float | None = None
         self.socket: socket.socket | None = None
         # Until then producers may not know this consumer's address: set on the first wait.
         self.unknown_until: float | None = None
@@ -85,8 +90,10 @@ class Waiter:
         try:
             self.listener = self.dialect.listen(self.alias, self.listen_via)
         except NotificationsLost as exc:
-            self.deaf = True
-            logger.warning(
+            # Said once; tried again now and then, in case the probe was only slow.
+            log = logger.debug if self.deaf_until is not None else logger.warning
+            self.deaf_until = time.monotonic() + REPROBE_INTERVAL
+            log(
                 "wake-ups off, idle consumers poll every %s s: %s. A transaction pool "
                 "(PgBouncer pool_mode=transaction) loses them: set TXQUEUE"
                 "['LISTEN_DATABASES'] = {%r: ALIAS}, ALIAS a database alias that connects "
@@ -98,10 +105,18 @@ class Waiter:
         except Exception as exc:  # the database is down: poll until it is back
             logger.warning("LISTEN failed, polling instead: %s", one_line(exc))
             self.listener = None
+        else:
+            if self.deaf_until is not None:
+                self.deaf_until = None
+                logger.info("wake-ups on again: notifications reach the LISTEN")
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; True if woken for one of our queues."""
-        if self.listener is None and self.dialect.has_notify and not self.deaf:
+        if (
+            self.listener is None
+            and self.dialect.has_notify
+            and (self.deaf_until is None or time.monotonic() >= self.deaf_until)
+        ):
             self._listen()
         if self.socket is not None:
             if self.unknown_until is None:
