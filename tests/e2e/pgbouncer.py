@@ -301,7 +301,9 @@ SHAPES: dict[str, tuple[str, str, dict[str, str], dict[str, Any]]] = {
 }
 
 
-def measure(items: int, consumers: int, samples: int, gap: float) -> None:
+def measure(
+    items: int, consumers: int, samples: int, gap: float, shapes: list[str] | None = None
+) -> None:
     """Per shape: a drain of ``items`` by ``consumers`` processes (noop handler,
     --concurrency 2 --batch 10), then ``samples`` wake-ups of an idle consumer (items
     enqueued one at a time, ``gap`` seconds apart), advisory locks left, warnings."""
@@ -320,6 +322,8 @@ def measure(items: int, consumers: int, samples: int, gap: float) -> None:
         print("| shape | drain (items/s) | wake-up p50 | p95 | max | locks left | warnings |")
         print("|---|---|---|---|---|---|---|")
         for shape, (mode, producer, aliases, settings) in SHAPES.items():
+            if shapes and shape not in shapes:
+                continue
             row = _measure_shape(
                 bouncer, mode, producer, aliases, settings, items, consumers, samples, gap
             )
@@ -414,8 +418,9 @@ if __name__ == "__main__":
         parser.add_argument("--consumers", type=int, default=3)
         parser.add_argument("--samples", type=int, default=40)
         parser.add_argument("--gap", type=float, default=0.3)
+        parser.add_argument("--shape", action="append", choices=list(SHAPES), help="(all)")
         options = parser.parse_args(sys.argv[2:])
-        measure(options.items, options.consumers, options.samples, options.gap)
+        measure(options.items, options.consumers, options.samples, options.gap, options.shape)
         sys.exit(0)
     bouncer = PgBouncer(sys.argv[1] if len(sys.argv) > 1 else "postgres")
     try:
