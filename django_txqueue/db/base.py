@@ -185,7 +185,8 @@ class Dialect:
 
         A named lock, not of rows, so it blocks no claim, and dies with the connection if
         the holder does. Here a lock of the session (MySQL's GET_LOCK); PostgreSQL's is
-        of a transaction that the work under it runs in, so keep that work short.
+        of a transaction that the work under it runs in (inside a caller's transaction,
+        held until that one ends), so keep that work short.
         """
         take, release, key = self.lock_sql(connection, name)
         with connection.cursor() as cursor:

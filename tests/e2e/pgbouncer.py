@@ -18,7 +18,11 @@ starts one and prints its two DSNs until interrupted (for trying it by hand), an
 
     TXQUEUE_TEST_DB=postgresql python -m tests.e2e.pgbouncer measure [--items 3000]
 
-measures drains and wake-ups in each shape (docs/scaling-pgbouncer.md).
+measures drains and wake-ups in each shape, and
+
+    TXQUEUE_TEST_DB=postgresql python -m tests.e2e.pgbouncer chaos [txqueue_chaos options]
+
+runs ``txqueue_chaos`` through the transaction pool (docs/scaling-pgbouncer.md).
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ import contextlib
 import json
 import os
 import pwd
+import re
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -125,7 +132,8 @@ class PgBouncer:
                 time.sleep(0.05)
 
     def stop(self) -> None:
-        """SIGTERM (an immediate shutdown), by its own pid."""
+        """SIGTERM (an immediate shutdown), by its own pid; and a restarted one's, by its
+        pid file."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -133,6 +141,13 @@ class PgBouncer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+        stop_daemon(self.root)
+
+    def restart_command(self) -> str:
+        """A shell command that stops this PgBouncer, dropping every client's connection,
+        and starts it again (as a daemon) on the same port (txqueue_chaos
+        --restart-command)."""
+        return shlex.join([sys.executable, "-m", "tests.e2e.pgbouncer", "restart", str(self.root)])
 
     def destroy(self) -> None:
         self.stop()
@@ -211,6 +226,46 @@ def _ddl(*statements: str) -> None:
         connection.autocommit = True
         for statement in statements:
             connection.execute(statement)  # type: ignore[arg-type]
+
+
+def stop_daemon(root: Path) -> None:
+    """Stop the PgBouncer whose pid file is in ``root``, if it runs."""
+    try:
+        pid = int((root / "pgbouncer.pid").read_text().split()[0])
+        # Only ours: a pid file left by a killed one may name a pid reused since.
+        if str(root / "pgbouncer.ini").encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError, IndexError):
+        return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            # Gone, or a zombie: the first one is the harness's child, reaped by it later.
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] == "Z":
+                return
+        except OSError:
+            return
+        time.sleep(0.05)
+
+
+def restart(root: Path) -> None:
+    """``restart_command()``'s work: stop the PgBouncer of ``root``, start it again."""
+    stop_daemon(root)
+    command = [str(binary()), "-d"]
+    if is_root():
+        command += ["-u", OS_USER]
+    subprocess.run([*command, str(root / "pgbouncer.ini")], check=True, cwd=root)  # noqa: S603
+    port = int(re.search(r"listen_port = (\d+)", (root / "pgbouncer.ini").read_text())[1])
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 # -- what the tests and the measurement read and run ---------------------------------
@@ -398,6 +453,28 @@ def _measure_shape(
     return delays, items / seconds, len(advisory_locks(bouncer)), warnings
 
 
+def chaos(arguments: list[str]) -> None:
+    """``txqueue_chaos ARGUMENTS`` with everything through the transaction pool (its
+    consumers LISTEN directly, ``LISTEN_DATABASES``), purging every second; then the
+    advisory locks left on the server."""
+    name = "txqueue_pgbouncer_chaos_test"
+    create_database(name)
+    bouncer = PgBouncer(name)
+    try:
+        bouncer.start()
+        django(bouncer.child_env(DIRECT), "migrate", "--noinput", "-v", "0")
+        settings = {"LISTEN_DATABASES": {"default": "listen"}, "PURGE_INTERVAL": 1}
+        env = bouncer.child_env(TRANSACTION, {"listen": DIRECT}, settings)
+        if "--restart-pgbouncer" in arguments:
+            arguments.remove("--restart-pgbouncer")
+            arguments += ["--restart-command", bouncer.restart_command()]
+        print(django(env, "txqueue_chaos", *arguments), end="")
+        print(f"advisory locks left: {len(advisory_locks(bouncer))}")
+    finally:
+        bouncer.destroy()
+        drop_database(name)
+
+
 def until(condition: Any, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -421,6 +498,12 @@ if __name__ == "__main__":
         parser.add_argument("--shape", action="append", choices=list(SHAPES), help="(all)")
         options = parser.parse_args(sys.argv[2:])
         measure(options.items, options.consumers, options.samples, options.gap, options.shape)
+        sys.exit(0)
+    if sys.argv[1:2] == ["chaos"]:
+        chaos(sys.argv[2:])
+        sys.exit(0)
+    if sys.argv[1:2] == ["restart"]:
+        restart(Path(sys.argv[2]))
         sys.exit(0)
     bouncer = PgBouncer(sys.argv[1] if len(sys.argv) > 1 else "postgres")
     try:
