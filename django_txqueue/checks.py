@@ -43,6 +43,14 @@ def _flag(value: Any) -> bool:
     return isinstance(value, bool)
 
 
+def _aliases(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(alias, str) and alias in settings.DATABASES
+        for pair in value.items()
+        for alias in pair
+    )
+
+
 VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "DATABASE": (_database, "None or an alias in settings.DATABASES"),
     "LEASE": (_positive_number, "a positive number of seconds"),
@@ -59,6 +67,10 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "POLL_INTERVAL": (_positive_number, "a positive number of seconds"),
     "SHUTDOWN_TIMEOUT": (_positive_number, "a positive number of seconds"),
     "LOCAL_WAKEUP": (_flag, "True or False"),
+    "LISTEN_DATABASES": (
+        _aliases,
+        "a dict of database alias to database alias, both in settings.DATABASES",
+    ),
     "RESCUE": (lambda v: v in (None, "retry", "fail"), "None, 'retry' or 'fail'"),
     "TIMEOUT": (lambda v: v is None or _positive_number(v), "None or a positive number"),
     "MAX_SIZE": (lambda v: v is None or _positive_int(v), "None or a positive integer"),

@@ -46,6 +46,10 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION": timedelta(days=7),
     # Per-queue overrides: {"sms": {"LEASE": 30, "MAX_ATTEMPTS": 10}}.
     "QUEUES": {},
+    # PostgreSQL: {queue database alias: alias consumers LISTEN through}, for queue
+    # databases reached through a transaction pool (PgBouncer), which loses LISTEN; the
+    # other alias connects directly or through a session pool (docs/scaling-pgbouncer.md).
+    "LISTEN_DATABASES": {},
 }
 
 # Keys a queue may override, with the top-level key supplying the default (None:

@@ -12,7 +12,9 @@
   finished over their ``RETENTION`` ago, and of the ``once()`` records older than the
   longest retention. One consumer of a database purges at a time (a lock it only tries,
   so the others skip), in batches, for at most ``PURGE_RUN`` and never past its next
-  heartbeat; what is left waits for the next run, right after that heartbeat.
+  heartbeat; what is left waits for the next run, right after that heartbeat. On
+  PostgreSQL the lock is its transaction's, and the run is that one transaction, so
+  that a transaction pool (PgBouncer) cannot separate the lock from its release.
 """
 
 from __future__ import annotations
@@ -163,18 +165,21 @@ class Liveness:
 
     def _purge(self, until: float) -> bool:
         """Delete the finished items of its queues past their RETENTION, then the once()
-        records past the longest, if no other consumer of the database is purging."""
+        records past the longest, if no other consumer of the database is purging. With
+        nothing kept for a limited time, no lock is taken either."""
+        kept = [(queue, conf.retention(queue.name)) for queue in self.queues()]
+        purged = [(queue, retention) for queue, retention in kept if retention is not None]
+        kept_for = conf.effect_retention()
+        if not purged and kept_for is None:
+            return True
         with store.try_lock(self.using, store.PURGE_LOCK) as mine:
             if not mine:
                 return True
-            items = 0
-            for queue in self.queues():
-                retention = conf.retention(queue.name)
-                if retention is not None:
-                    items += store.purge(queue.items, retention, until=until)
-                    if time.monotonic() >= until:
-                        break  # the other queues next time (each purge does a batch at least)
-            effects, kept_for = 0, conf.effect_retention()
+            items = effects = 0
+            for queue, retention in purged:
+                items += store.purge(queue.items, retention, until=until)
+                if time.monotonic() >= until:
+                    break  # the other queues next time (each purge does a batch at least)
             if kept_for is not None and time.monotonic() < until:
                 effects = store.purge_effects(
                     Effect.objects.using(self.using), kept_for, until=until

@@ -10,6 +10,11 @@ Polling stays the fallback everywhere: a lost datagram or notification costs at 
 one ``POLL_INTERVAL``. A producer may hold an address list from before a consumer
 registered for ``ADDRESS_CACHE_SECONDS``; so for that long after registering, a
 consumer polls every ``NEW_CONSUMER_POLL`` instead of counting on datagrams.
+
+A LISTEN that cannot hear notifications at all (through a transaction pool such as
+PgBouncer's) is found by the listener's probe on the first wait, said in a WARNING that
+names ``LISTEN_DATABASES``; that consumer polls, and tries again every
+``REPROBE_INTERVAL``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 from django.db import transaction
 
 from . import conf
-from .db import Listener, dialect_for
+from .db import Listener, NotificationsLost, dialect_for
 from .logs import one_line
 from .models import Consumer
 
@@ -38,6 +43,9 @@ logger = logging.getLogger(__name__)
 ADDRESS_CACHE_SECONDS = 0.25
 NEW_CONSUMER_POLL = 0.01  # seconds between polls while producers may not know us yet
 MAX_DATAGRAM = 512
+# A consumer whose LISTEN probe failed tries it again after this many seconds (a probe
+# that was only slow must not turn wake-ups off for good).
+REPROBE_INTERVAL = 300.0
 
 
 class Waiter:
@@ -57,6 +65,15 @@ class Waiter:
         # The LISTEN connections open on the first wait: building a Waiter needs no database.
         self.notifying = [alias for alias in self.aliases if dialect_for(alias).has_notify]
         self.listeners: dict[str, Listener] = {}
+        # For each, the alias whose connection settings its LISTEN connection takes (a
+        # direct one or a session pool's, when the queue's own goes through a transaction
+        # pool).
+        self.listen_via = {
+            alias: conf.get("LISTEN_DATABASES").get(alias, alias) for alias in self.notifying
+        }
+        # Notifications could not reach a LISTEN through listen_via: poll only, until then
+        # (monotonic), when the probe is tried again; absent while not found deaf.
+        self.deaf_until: dict[str, float] = {}
         self.socket: socket.socket | None = None
         # Until then producers may not know this consumer's address: set on the first wait.
         self.unknown_until: float | None = None
@@ -80,18 +97,40 @@ class Waiter:
 
     def _listen(self, alias: str) -> None:
         try:
-            listener = dialect_for(alias).listen(alias)
+            listener = dialect_for(alias).listen(alias, self.listen_via[alias])
+        except NotificationsLost as exc:
+            # Said once; tried again now and then, in case the probe was only slow.
+            log = logger.debug if alias in self.deaf_until else logger.warning
+            self.deaf_until[alias] = time.monotonic() + REPROBE_INTERVAL
+            log(
+                "wake-ups off, idle consumers poll every %s s: %s. A transaction pool "
+                "(PgBouncer pool_mode=transaction) loses them: set TXQUEUE"
+                "['LISTEN_DATABASES'] = {%r: ALIAS}, ALIAS a database alias that connects "
+                "to PostgreSQL directly or through a session pool.",
+                conf.get("POLL_INTERVAL"),
+                exc,
+                alias,
+            )
+            return
         except Exception as exc:  # the database is down: poll until it is back
             logger.warning("LISTEN on %r failed, polling instead: %s", alias, one_line(exc))
             return
+        if self.deaf_until.pop(alias, None) is not None:
+            logger.info("wake-ups on again: notifications reach the LISTEN on %r", alias)
         if listener is not None:
             self.listeners[alias] = listener
 
     def wait(self, timeout: float, down: frozenset[str] = frozenset()) -> bool:
         """Sleep up to ``timeout`` seconds; True if woken for one of our queues. Databases
-        ``down`` (their consumer lost them a moment ago) are not asked to LISTEN now."""
+        ``down`` (their consumer lost them a moment ago) are not asked to LISTEN now, nor
+        those found deaf until their next probe."""
+        now = time.monotonic()
         for alias in self.notifying:
-            if alias not in self.listeners and alias not in down:
+            if (
+                alias not in self.listeners
+                and alias not in down
+                and self.deaf_until.get(alias, now) <= now
+            ):
                 self._listen(alias)
         if self.socket is not None:
             if self.unknown_until is None:

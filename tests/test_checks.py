@@ -49,6 +49,16 @@ def test_unknown_per_queue_key(settings):
         ),
         ({"QUEUES": []}, "txqueue.E003", ["TXQUEUE['QUEUES'] is []", "dict"]),
         (
+            {"LISTEN_DATABASES": {"default": "direct"}},
+            "txqueue.E003",
+            ["TXQUEUE['LISTEN_DATABASES'] is {'default': 'direct'}", "settings.DATABASES"],
+        ),
+        (
+            {"LISTEN_DATABASES": "default"},
+            "txqueue.E003",
+            ["TXQUEUE['LISTEN_DATABASES'] is 'default'", "dict of database alias"],
+        ),
+        (
             {"QUEUES": {"sms": {"MAX_SIZE": -1}}},
             "txqueue.E003",
             ["TXQUEUE['QUEUES']['sms']['MAX_SIZE'] is -1", "positive integer"],

@@ -544,7 +544,11 @@ def try_lock_now(alias="default"):
 class TestTryLock:
     """``store.try_lock``: a named lock (the purge's), tried and never waited for."""
 
-    def test_while_one_connection_holds_it_another_connection_fails_at_once(self, db):
+    # transactional_db: PostgreSQL's lock is its transaction's, and under ``db`` the test's
+    # own transaction would hold it to the end of the test.
+    def test_while_one_connection_holds_it_another_connection_fails_at_once(
+        self, transactional_db
+    ):
         with store.try_lock("default", LOCK) as held:
             assert held
             started = time.monotonic()
@@ -552,6 +556,11 @@ class TestTryLock:
             assert time.monotonic() - started < 5  # tried, did not wait
         assert in_other_thread(try_lock_now) is True  # released
         assert try_lock_now() is True
+
+    def test_released_when_the_work_under_it_raises(self, transactional_db):
+        with pytest.raises(ValueError, match="purge broke"), store.try_lock("default", LOCK):
+            raise ValueError("purge broke")
+        assert in_other_thread(try_lock_now) is True
 
     def test_locks_of_other_names_are_independent(self, db):
         with store.try_lock("default", LOCK) as held:

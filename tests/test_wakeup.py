@@ -346,3 +346,50 @@ class TestNewConsumer:
             Queue("echo").enqueue({"ping": 1})
             assert wait_for(lambda: Queue("echo").count(status=Status.DONE) == 1, timeout=5)
             assert time.monotonic() - started < 1
+
+
+@pytest.fixture
+def elsewhere():
+    """A database alias of the same server whose LISTEN no notification of the test
+    database reaches (notifications are per database): what a LISTEN through a
+    transaction pool amounts to, without one."""
+    connections.settings["elsewhere"] = {**connection.settings_dict, "NAME": "postgres"}
+    yield "elsewhere"
+    connections["elsewhere"].close()
+    del connections["elsewhere"]
+    del connections.settings["elsewhere"]
+
+
+@notify
+@pytest.mark.django_db(transaction=True)
+class TestProbe:
+    """The listener's probe: notifications that cannot reach its LISTEN are said once,
+    the consumer polls, and the probe is tried again every REPROBE_INTERVAL."""
+
+    def test_a_deaf_listen_is_said_polled_and_probed_again(
+        self, make_waiter, elsewhere, caplog, monkeypatch
+    ):
+        monkeypatch.setattr("django_txqueue.db.postgresql.PROBE_TIMEOUT", 0.3)
+        waiter = make_waiter()
+        waiter.listen_via["default"] = elsewhere
+        with caplog.at_level("DEBUG", logger="django_txqueue.wakeup"):
+            assert waiter.wait(0) is False
+            assert waiter.listener is None and "default" in waiter.deaf_until
+            [warned] = [r for r in caplog.records if r.levelname == "WARNING"]
+            assert "did not reach a LISTEN through 'elsewhere'" in warned.getMessage()
+            assert "set TXQUEUE['LISTEN_DATABASES'] = {'default': ALIAS}" in warned.getMessage()
+            woken, took = timed(waiter.wait, 0.1)  # polls: no probe before REPROBE_INTERVAL
+            assert woken is False and took < 0.25
+
+            waiter.deaf_until["default"] = time.monotonic()  # REPROBE_INTERVAL has passed
+            assert waiter.wait(0) is False
+            assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1  # once
+
+            waiter.listen_via["default"] = "default"
+            waiter.deaf_until["default"] = time.monotonic()
+            listening(waiter)
+            assert waiter.deaf_until == {}
+            assert "wake-ups on again" in caplog.records[-1].getMessage()
+        thread = later(0.1, Queue("mine").enqueue, {})
+        assert waiter.wait(10) is True
+        thread.join()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from django.db import NotSupportedError, connections
 
-from .base import Dialect, Listener
+from .base import Dialect, Listener, NotificationsLost
 from .mysql import MySQL
 from .postgresql import PostgreSQL
 from .sqlite import SQLite
@@ -20,7 +20,7 @@ from .sqlite import SQLite
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-__all__ = ["Dialect", "Listener", "dialect", "dialect_for"]
+__all__ = ["Dialect", "Listener", "NotificationsLost", "dialect", "dialect_for"]
 
 DIALECTS: dict[str, Dialect] = {found.vendor: found() for found in (PostgreSQL, MySQL, SQLite)}
 

@@ -28,6 +28,12 @@ if TYPE_CHECKING:
     from .compiler import ClaimStatement, ClaimValues
 
 
+class NotificationsLost(Exception):  # noqa: N818 - a fact, not a failure of ours
+    """A new listener's probe notification never reached it: LISTEN does not work on
+    that connection (a transaction pool, such as PgBouncer's, stands between it and the
+    server)."""
+
+
 class Listener(Protocol):
     """A connection that becomes readable when the database announces new work."""
 
@@ -191,8 +197,10 @@ class Dialect:
         """Take the lock ``name``, one holder per database across processes and hosts, if
         nobody holds it, never waiting; yield whether it was taken, and release it after.
 
-        A named lock of the session, not of rows, so it blocks no claim, and dies with
-        the connection if the holder does.
+        A named lock, not of rows, so it blocks no claim, and dies with the connection if
+        the holder does. Here a lock of the session (MySQL's GET_LOCK); PostgreSQL's is
+        of a transaction that the work under it runs in (inside a caller's transaction,
+        held until that one ends), so keep that work short.
         """
         take, release, key = self.lock_sql(connection, name)
         with connection.cursor() as cursor:
@@ -210,8 +218,10 @@ class Dialect:
         one that releases, and the key both take as their parameter."""
         raise NotImplementedError
 
-    def listen(self, alias: str) -> Listener | None:
-        """A listener for new-work announcements, or None where the database has none."""
+    def listen(self, alias: str, via: str) -> Listener | None:
+        """A listener for new-work announcements on database ``alias``, connected like
+        alias ``via`` (``alias`` itself, or LISTEN_DATABASES' choice), or None where the
+        database has none. ``NotificationsLost`` if announcements cannot reach it."""
         return None
 
     def bulk_rows(self, connection: BaseDatabaseWrapper, types: list[str]) -> str | None:

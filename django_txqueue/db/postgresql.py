@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
+import select
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, Error, InterfaceError, OperationalError, connections
+from django.db import (
+    DatabaseError,
+    Error,
+    InterfaceError,
+    OperationalError,
+    connections,
+    transaction,
+)
 
 from ..status import Status
-from .base import Dialect
+from .base import Dialect, NotificationsLost
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -30,6 +42,9 @@ CHANNEL = "django_txqueue"
 # standby, or a standby reached without target_session_attrs=read-write).
 DISCONNECT_CLASS = "08"
 DISCONNECT_SQLSTATES = {"57P01", "57P02", "57P03", "25006"}
+# How long a new listener waits for its probe notification before it concludes that
+# notifications do not reach it (a transaction pool between it and the server).
+PROBE_TIMEOUT = 2.0
 
 
 class PostgreSQL(Dialect):
@@ -89,11 +104,19 @@ class PostgreSQL(Dialect):
         claimed = [row[1:] for row in rows if row[1] is not None]  # the pk: never NULL
         return int(rows[0][0]), claim.rows.load(claimed)
 
-    def lock_sql(self, connection: BaseDatabaseWrapper, name: str) -> tuple[str, str, Any]:
-        """A session advisory lock (per database), keyed by a hash of ``name``; a
-        transaction-level one would have to hold one transaction over the whole purge."""
+    @contextmanager
+    def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> Iterator[bool]:
+        """A transaction-level advisory lock (per database), keyed by a hash of ``name``:
+        the work under it runs in the one transaction that holds it, and the lock ends
+        with that transaction whatever happens. A session lock would be taken on one
+        server connection and released on another behind a transaction pool (PgBouncer),
+        and leak."""
         key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-        return "SELECT pg_try_advisory_lock(%s)", "SELECT pg_advisory_unlock(%s)", key
+        with transaction.atomic(using=connection.alias):
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [key])
+                taken = bool(cursor.fetchone()[0])
+            yield taken
 
     def _claim_statement(
         self, claim: ClaimStatement, values: ClaimValues, lock: str
@@ -188,8 +211,18 @@ class PostgreSQL(Dialect):
             )
             return [row[0] for row in cursor.fetchall()]
 
-    def listen(self, alias: str) -> NotifyListener:
-        return NotifyListener(alias)
+    def listen(self, alias: str, via: str) -> NotifyListener:
+        return NotifyListener(alias, via)
+
+
+def connect(alias: str) -> Any:
+    """A new autocommit psycopg connection with database ``alias``'s settings."""
+    import psycopg
+
+    params = connections[alias].get_connection_params()
+    params.pop("cursor_factory", None)  # Django's cursor classes need its wrapper
+    params.pop("context", None)
+    return psycopg.connect(**params, autocommit=True)
 
     def is_disconnect(self, exc: Error) -> bool:
         if not hasattr(exc.__cause__, "sqlstate"):  # not psycopg's (another database's)
@@ -203,20 +236,52 @@ class PostgreSQL(Dialect):
 
 
 class NotifyListener:
-    """A dedicated autocommit connection LISTENing on the queue channel.
+    """A dedicated autocommit connection, opened like database alias ``via``'s, LISTENing
+    on the queue channel of database ``alias``.
 
     ``fileno()`` becomes readable when a notification arrives; ``drain()`` returns the
     queue names notified since the last call. Django's own connections are left alone.
+
+    Before it listens on the queue channel it proves that notifications reach it: it
+    listens on a channel of its own, and a notification sent there through ``alias``
+    (as producers commit) must arrive within ``PROBE_TIMEOUT``. Behind a transaction
+    pool it does not (the LISTEN ran on a server connection that went back to the pool
+    and now serves other clients), and ``NotificationsLost`` is raised instead. The probe
+    channel is never used again, so a pooled server connection left listening on it
+    delivers nothing to anyone.
     """
 
-    def __init__(self, alias: str) -> None:
-        import psycopg
+    def __init__(self, alias: str, via: str) -> None:
+        self.connection = connect(via)
+        try:
+            self._probe(alias, via)
+            self.connection.execute(f"LISTEN {CHANNEL}")
+        except BaseException:
+            self.connection.close()
+            raise
 
-        params = connections[alias].get_connection_params()
-        params.pop("cursor_factory", None)  # Django's cursor classes need its wrapper
-        params.pop("context", None)
-        self.connection = psycopg.connect(**params, autocommit=True)
-        self.connection.execute(f"LISTEN {CHANNEL}")
+    def _probe(self, alias: str, via: str) -> None:
+        channel = f"{CHANNEL}_probe_{secrets.token_hex(8)}"  # an identifier of our own
+        self.connection.execute(f"LISTEN {channel}")
+        # From a connection of its own, as a producer would: this thread's Django
+        # connection may be inside a transaction that has not committed.
+        with connect(alias) as sender:
+            sender.execute("SELECT pg_notify(%s, '')", [channel])
+        pgconn = self.connection.pgconn
+        deadline = time.monotonic() + PROBE_TIMEOUT
+        while (remaining := deadline - time.monotonic()) > 0:
+            if select.select([self.fileno()], [], [], remaining)[0]:
+                pgconn.consume_input()
+                while (notification := pgconn.notifies()) is not None:
+                    if notification.relname.decode() == channel:
+                        self.connection.execute(f"UNLISTEN {channel}")
+                        return
+        # Best effort: through a transaction pool this may reach another server connection.
+        self.connection.execute(f"UNLISTEN {channel}")
+        raise NotificationsLost(
+            f"a notification sent through database {alias!r} did not reach a LISTEN "
+            f"through {via!r} within {PROBE_TIMEOUT} s"
+        )
 
     def fileno(self) -> int:
         return int(self.connection.fileno())

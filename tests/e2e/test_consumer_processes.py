@@ -523,10 +523,11 @@ def test_consumers_purge_one_at_a_time(consumers):
     """While the purge lock is held (here by the test's connection), no consumer purges;
     once it is free, one of the two does, and neither fails."""
     old = finished_items("echo", 5, ago=OLD)
+    # Committed first: on PostgreSQL the lock is a transaction's, which the block holds open.
+    Queue("echo").enqueue_many([{}] * 2)
     with store.try_lock("default", store.PURGE_LOCK) as held:
         assert held
         procs = [consumers("echo", **PURGING) for _ in range(2)]
-        Queue("echo").enqueue_many([{}] * 2)
         wait_for(lambda: Run.objects.count() == 2, START_TIMEOUT, "two runs", procs)
         wait_for(lambda: Consumer.objects.count() == 2, START_TIMEOUT, "two consumers", procs)
         time.sleep(1.5)  # three purge intervals
