@@ -178,7 +178,7 @@ def check_sqlite_transactions(**kwargs: Any) -> list[CheckMessage]:
 def check_galera_strategy(databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """On a Galera cluster every node's consumers claim from the same head of the queue;
     update_limit claims, which lock every row they read, were refused there three to
-    four times as often as skip_locked ones (docs/scaling-galera.md). Both stay correct."""
+    four times as often as skip_locked ones (docs/scaling.md). Both stay correct."""
     if conf.get("CLAIM_STRATEGY") != "update_limit":
         return []
     warnings: list[CheckMessage] = []

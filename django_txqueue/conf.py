@@ -48,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "QUEUES": {},
     # PostgreSQL: {queue database alias: alias consumers LISTEN through}, for queue
     # databases reached through a transaction pool (PgBouncer), which loses LISTEN; the
-    # other alias connects directly or through a session pool (docs/scaling-pgbouncer.md).
+    # other alias connects directly or through a session pool (docs/scaling.md).
     "LISTEN_DATABASES": {},
 }
 

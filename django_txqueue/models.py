@@ -362,7 +362,7 @@ class QueueItem(QueueModel):
     # (active_dedup_queue, active_dedup_key), all NULL for every other row. Galera
     # certifies each write against the unique keys of the rows it writes, NULL parts
     # included: on (queue, active_dedup_key), ("sms", NULL) made every write of a queue's
-    # rows conflict with every other node's concurrent one (docs/scaling-galera.md).
+    # rows conflict with every other node's concurrent one (docs/scaling.md).
     active_dedup_queue = models.GeneratedField(
         expression=Case(
             When(

@@ -46,7 +46,7 @@ T = TypeVar("T")
 # a busy SQLite file) runs again this many times, after a short jittered pause, before
 # the error reaches the caller. It wrote nothing, so no attempt is counted.
 # Ten: on a Galera cluster consumers of every node claim from the same head of a queue,
-# and a claim may lose several races in a row (docs/scaling-galera.md); the pauses add
+# and a claim may lose several races in a row (docs/scaling.md); the pauses add
 # up to about 2 s at most.
 TRANSIENT_RETRIES = 10
 # A claim that keeps losing races (every node's consumers claim from the same head of

@@ -1,5 +1,5 @@
 """Transactions refused by a conflict, run again: ``run_in_transaction`` for the caller's
-own, ``store.retrying_conflicts`` for the library's (docs/scaling-galera.md).
+own, ``store.retrying_conflicts`` for the library's (docs/scaling.md).
 
 A real deadlock between two threads stands in for a Galera certification failure: both
 are the same error (1213 on MariaDB, 40P01 on PostgreSQL) refusing a whole transaction,

@@ -3,7 +3,7 @@
 # The unique index of dedup keys moves to (active_dedup_queue, active_dedup_key), all NULL
 # for an item without a dedup_key or finished: on a Galera cluster, whose certification
 # counts a unique key with a NULL part too, ("queue", NULL) made every write of a queue's
-# rows conflict with every other node's concurrent one (docs/scaling-galera.md).
+# rows conflict with every other node's concurrent one (docs/scaling.md).
 
 from django.db import migrations, models
 

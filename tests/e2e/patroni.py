@@ -18,7 +18,7 @@ child of it, as if the machine had died (its clients see their connections drop)
     cluster.destroy()
 
 ``enqueue_once`` is how the test's producer enqueues across a failover (run in a Django
-process on the cluster): the pattern docs/scaling-patroni.md gives.
+process on the cluster): the pattern docs/scaling.md gives.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ measures drains and wake-ups in each shape, and
 
     TXQUEUE_TEST_DB=postgresql python -m tests.e2e.pgbouncer chaos [txqueue_chaos options]
 
-runs ``txqueue_chaos`` through the transaction pool (docs/scaling-pgbouncer.md).
+runs ``txqueue_chaos`` through the transaction pool (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -340,7 +340,7 @@ def statuses(bouncer: PgBouncer, queue: str) -> dict[int, int]:
     return {int(status): int(n) for status, n in rows}
 
 
-# -- the measurement of docs/scaling-pgbouncer.md ------------------------------------
+# -- the measurement of docs/scaling.md ------------------------------------
 
 # name: (the consumers' connection, the producer's, other aliases, TXQUEUE settings)
 SHAPES: dict[str, tuple[str, str, dict[str, str], dict[str, Any]]] = {

@@ -12,7 +12,7 @@ galera-4, rsync or the MariaDB server are missing, except under ``CI=true``, whe
 is a failure. ``TXQUEUE_GALERA_LONG=1`` adds the long form, whose report (both strategies,
 one node against three, writes on one node against all, a node killed) is printed and
 written to ``galera-report.json`` in the test's temporary directory
-(docs/scaling-galera.md).
+(docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def test_the_check_warns_of_update_limit_on_a_galera_node(cluster):
 
 @pytest.mark.skipif(not os.environ.get("TXQUEUE_GALERA_LONG"), reason="TXQUEUE_GALERA_LONG=1")
 def test_long_form_report(cluster, tmp_path):
-    """The figures of docs/scaling-galera.md: each strategy with writes on one node and on
+    """The figures of docs/scaling.md: each strategy with writes on one node and on
     all, a node killed, and one node of its own (a cluster of one) for comparison."""
     runs = []
     for strategy in ("skip_locked", "update_limit"):

@@ -15,7 +15,7 @@ promotion within ``FIRST_CLAIM_BOUND`` seconds. The figures are printed (``-s``)
 
 Short form (CI, about a minute): one kill. Long form: ``TXQUEUE_PATRONI_LONG=1`` (more
 items, several kills, each killed node restarted to rejoin); its report goes in
-docs/scaling-patroni.md. PostgreSQL runs only (``TXQUEUE_TEST_DB=postgresql``); without
+docs/scaling.md. PostgreSQL runs only (``TXQUEUE_TEST_DB=postgresql``); without
 patroni/etcd it skips, except under ``CI=true``, where that is a failure.
 """
 
