@@ -214,16 +214,6 @@ class PostgreSQL(Dialect):
     def listen(self, alias: str, via: str) -> NotifyListener:
         return NotifyListener(alias, via)
 
-
-def connect(alias: str) -> Any:
-    """A new autocommit psycopg connection with database ``alias``'s settings."""
-    import psycopg
-
-    params = connections[alias].get_connection_params()
-    params.pop("cursor_factory", None)  # Django's cursor classes need its wrapper
-    params.pop("context", None)
-    return psycopg.connect(**params, autocommit=True)
-
     def is_disconnect(self, exc: Error) -> bool:
         if not hasattr(exc.__cause__, "sqlstate"):  # not psycopg's (another database's)
             return False
@@ -233,6 +223,16 @@ def connect(alias: str) -> Any:
             # could be made, or when it was closed already.
             return isinstance(exc, (OperationalError, InterfaceError))
         return sqlstate.startswith(DISCONNECT_CLASS) or sqlstate in DISCONNECT_SQLSTATES
+
+
+def connect(alias: str) -> Any:
+    """A new autocommit psycopg connection with database ``alias``'s settings."""
+    import psycopg
+
+    params = connections[alias].get_connection_params()
+    params.pop("cursor_factory", None)  # Django's cursor classes need its wrapper
+    params.pop("context", None)
+    return psycopg.connect(**params, autocommit=True)
 
 
 class NotifyListener:
