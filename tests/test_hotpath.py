@@ -268,8 +268,10 @@ class TestAckAndClaim:
             # last one's too.
             assert (len(riding), len(alone)) == (3, 0)
         else:
-            # Each opens the next claim's transaction: its locking read comes next.
-            assert len(acks) == 3
+            # Each opens the next claim's transaction: its locking read comes next. (More
+            # than three when a conflict refused one, and store.retrying_conflicts ran the
+            # transaction again, its acknowledgement with it: seen once under CI's load.)
+            assert len(acks) >= 3
             assert all("SKIP LOCKED" in statements[n + 1] for n in acks)
         done = QueueItem.objects.filter(queue="hotpath", status=Status.DONE)
         assert sorted(row.result["n"] for row in done) == list(range(30))

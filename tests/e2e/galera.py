@@ -83,8 +83,11 @@ class GaleraNode(MariaDBServer):
         ]
         if is_root():
             command.append(f"--user={OS_USER}")
+        # Its temporary files in the node's own directory: the OS user it runs as may not
+        # write to $TMPDIR (CI's is root's).
+        env = {**os.environ, "TMPDIR": str(self.root)}
         done = subprocess.run(  # noqa: S603
-            command, capture_output=True, text=True, timeout=120, check=False
+            command, capture_output=True, text=True, timeout=120, check=False, env=env
         )
         if done.returncode != 0:
             raise RuntimeError(f"mariadb-install-db failed: {done.stdout}{done.stderr}")
@@ -115,6 +118,7 @@ class GaleraNode(MariaDBServer):
             "--innodb-autoinc-lock-mode=2",
             "--default-storage-engine=InnoDB",
             "--innodb-log-file-size=16M",
+            f"--tmpdir={self.root}",  # as for install_db
         ]
         if is_root():
             command.append(f"--user={OS_USER}")
