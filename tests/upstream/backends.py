@@ -27,3 +27,10 @@ class RunningBackend(QueuedBackend):
         result = super().enqueue(task, args, kwargs)
         call_command("run_queue_consumer", burst=True, skip_checks=True, verbosity=0)
         return self.get_result(result.id)
+
+
+def run_consumer(*, queue_name: str | None = None) -> None:
+    """django-tasks-db's ``run_worker`` (its ``db_worker --batch``) as our consumer's
+    ``--burst``: one queue, or every queue (``"*"`` or none named)."""
+    queues = [] if queue_name in (None, "*") else [queue_name]
+    call_command("run_queue_consumer", *queues, burst=True, skip_checks=True, verbosity=0)

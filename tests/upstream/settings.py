@@ -3,10 +3,14 @@ TXQUEUE_TEST_DB), with the backends the plugin swaps in."""
 
 from tests.settings import *  # noqa: F403
 
+# django-tasks-db's suite imports its models and admin: its app is installed beside ours.
+INSTALLED_APPS = [*INSTALLED_APPS, "django_tasks_db"]  # noqa: F405
+
+# django-tasks-db's suite uses the default backend as set here (Django's classes set
+# their own, which the plugin swaps).
 TASKS = {
     "default": {
-        "BACKEND": "tests.upstream.backends.RunningBackend",
-        "QUEUES": [],
+        "BACKEND": "tests.upstream.backends.QueuedBackend",
     }
 }
 
