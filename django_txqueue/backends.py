@@ -315,23 +315,41 @@ def finish(
         cls = type(error)
         result.errors.append(
             TaskError(
-                exception_class_path=f"{cls.__module__}.{cls.__qualname__}",
+                exception_class_path=reported_class(f"{cls.__module__}.{cls.__qualname__}"),
                 traceback="".join(traceback.format_exception(error)),
             )
         )
 
 
-def json_value(value: Any, what: str, error: type[TypeError] = TypeError) -> Any:
-    """``value`` as Django's Tasks keep it (tuples become lists); else ``error``."""
+# A return value JSON cannot hold fails its item at once as NotJSONSerializable (the
+# queue's own class, so that it is not retried), but Django's backends report TypeError.
+REPORTED_CLASSES = {
+    f"{NotJSONSerializable.__module__}.{NotJSONSerializable.__qualname__}": "builtins.TypeError"
+}
+
+
+def reported_class(path: str) -> str:
+    """The exception class path a TaskError names for a failure recorded as ``path``."""
+    return REPORTED_CLASSES.get(path, path)
+
+
+def json_value(value: Any, what: str, error: type[Exception] | None = None) -> Any:
+    """``value`` as Django's Tasks keep it (tuples become lists); else ``error``, by
+    default the TypeError or ValueError Django's own backends raise.
+
+    The message starts with Django's (``Unsupported type: ...``), then says which value
+    it was, then Python's json wording (``Object of type ... is not JSON serializable``),
+    which users search for.
+    """
     try:
         return normalize_json(value)
     except (TypeError, ValueError) as exc:
-        # Python's own wording names the offending type, as users search for it.
+        message = f"{exc}, in the {what}"
         try:
             json.dumps(value)
         except (TypeError, ValueError) as json_error:
-            raise error(f"{what}: {json_error}") from exc
-        raise error(f"{what} is not JSON serializable: {exc}") from exc
+            message = f"{message} ({json_error})"
+        raise (error or type(exc))(message) from exc
 
 
 def is_task_payload(payload: Any) -> bool:
@@ -410,4 +428,5 @@ def task_errors(item: QueueItem) -> list[TaskError]:
     if not item.last_error and item.status != Status.FAILED:
         return []
     unknown = f"{ItemFailed.__module__}.{ItemFailed.__qualname__}"
-    return [TaskError(exception_class_path=item.error_class or unknown, traceback=item.last_error)]
+    path = reported_class(item.error_class or unknown)
+    return [TaskError(exception_class_path=path, traceback=item.last_error)]

@@ -173,6 +173,20 @@ def test_non_json_argument_is_a_type_error_and_writes_nothing(db):
 
 
 @needs_tasks
+def test_non_json_argument_keeps_djangos_message_then_names_the_task(db):
+    with pytest.raises(TypeError) as raised:
+        tasks.add.enqueue(timezone.now(), 1)
+    # Django's own backends raise "Unsupported type: ..." (django.utils.json.normalize_json).
+    assert str(raised.value).startswith(
+        "Unsupported type: <class 'datetime.datetime'>, "
+        "in the arguments of task tests.testapp.tasks.add"
+    )
+    with pytest.raises(ValueError, match=r"^Unsupported value: .*keyword arguments of task"):
+        tasks.shout.enqueue("x", times=b"\xff")  # bytes not UTF-8: Django's ValueError
+    assert QueueItem.objects.count() == 0
+
+
+@needs_tasks
 def test_arguments_are_normalised_like_django_tasks(db):
     result = tasks.add.enqueue((1, 2), {"a": (3,)})
     assert item_of(result).payload["args"] == [[1, 2], {"a": [3]}]
@@ -478,8 +492,12 @@ def test_non_json_return_value_fails_the_task_naming_it(run_consumer, run_once):
     failed = tasks.unserialisable.get_result(result.id)
     assert failed.status == TaskResultStatus.FAILED
     error = failed.errors[0]
-    assert error.exception_class_path == "django_txqueue.exceptions.NotJSONSerializable"
-    assert issubclass(error.exception_class, TypeError)
+    # TypeError itself, as Django's backends report it; the item records the queue's own
+    # NotJSONSerializable, which is why it was not retried.
+    assert error.exception_class_path == "builtins.TypeError"
+    assert error.exception_class is TypeError
+    assert item.error_class == "django_txqueue.exceptions.NotJSONSerializable"
+    assert "Unsupported type: <class 'object'>" in error.traceback  # Django's wording
     assert "return value of task tests.testapp.tasks.unserialisable" in error.traceback
     assert "Object of type object is not JSON serializable" in error.traceback
 
@@ -569,10 +587,14 @@ def test_failure_signals_are_sent_with_the_error(run_consumer, run_once):
     signals.task_finished.connect(receiver)
     try:
         tasks.boom.enqueue("x")
+        tasks.unserialisable.enqueue()
         run_consumer("--burst")
     finally:
         signals.task_finished.disconnect(receiver)
-    assert finished == [("FAILED", ["tests.testapp.tasks.TaskBoom"])]
+    assert sorted(finished) == [
+        ("FAILED", ["builtins.TypeError"]),  # as get_result reports it
+        ("FAILED", ["tests.testapp.tasks.TaskBoom"]),
+    ]
 
 
 @needs_tasks
