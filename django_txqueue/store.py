@@ -47,11 +47,8 @@ T = TypeVar("T")
 # the error reaches the caller. It wrote nothing, so no attempt is counted.
 # Ten: on a Galera cluster consumers of every node claim from the same head of a queue,
 # and a claim may lose several races in a row (docs/scaling.md); the pauses add
-# up to about 2 s at most.
+# up to about 2 s at most. A claim that loses them all claims nothing this turn.
 TRANSIENT_RETRIES = 10
-# A claim that keeps losing races (every node's consumers claim from the same head of
-# the queue) tries this many times, then claims nothing this turn.
-CLAIM_RETRIES = TRANSIENT_RETRIES
 # Attempts at inserting a dedup_key item whose unfinished twin finishes meanwhile.
 DEDUP_INSERT_ATTEMPTS = 3
 PURGE_BATCH = 1000
@@ -258,7 +255,7 @@ def claim(
     caller's choice, the setting and the database; ``lease`` None gives each item its
     queue's ``LEASE``. ``after``: only items that sort after it (``ClaimValues.after``).
     Outside a caller's transaction a claim that lost a race runs again; one that loses
-    ``CLAIM_RETRIES`` races in a row claims nothing.
+    ``TRANSIENT_RETRIES`` races in a row claims nothing.
     """
     values = claim_values(statement, pid, lease, after)
     vendor = dialect(statement.connection)
@@ -267,7 +264,7 @@ def claim(
     # certified first): nothing was claimed, so claim again.
     try:
         items = retrying_conflicts(
-            lambda: vendor.claim(resolved, statement, values), statement.alias, CLAIM_RETRIES
+            lambda: vendor.claim(resolved, statement, values), statement.alias
         )
     except DatabaseError as exc:
         if statement.connection.in_atomic_block or not vendor.is_transient(exc):
@@ -323,6 +320,17 @@ def retrying_conflicts(run: Callable[[], T], using: str, retries: int = TRANSIEN
                 raise
             time.sleep(random.uniform(0.005, 0.02) * 2 ** min(attempt, 4))
     return run()
+
+
+def update_retrying(rows: QuerySet[Any], **changes: Any) -> int:
+    """``rows.update(**changes)``, a transaction of its own run again on a conflict
+    (``retrying_conflicts``); how many rows changed."""
+    return retrying_conflicts(lambda: int(rows.update(**changes)), rows.db)
+
+
+def delete_retrying(rows: QuerySet[Any]) -> int:
+    """``rows.delete()``, run again on a conflict as ``update_retrying``; how many went."""
+    return retrying_conflicts(lambda: int(rows.delete()[0]), rows.db)
 
 
 # -- settling a claim ----------------------------------------------------------------
@@ -411,7 +419,7 @@ def ack_and_claim(
     ack = ack_statement(statement.model, statement.alias, claim_token, results)
     try:
         acked, items = retrying_conflicts(
-            lambda: vendor.ack_and_claim(statement, values, ack), statement.alias, CLAIM_RETRIES
+            lambda: vendor.ack_and_claim(statement, values, ack), statement.alias
         )
     except DatabaseError as exc:
         if statement.connection.in_atomic_block or not vendor.is_transient(exc):
@@ -478,13 +486,12 @@ def _change_if_held(item: QueueModel, **changes: Any) -> bool:
     """Apply ``changes`` only if the row is still IN_PROGRESS under this item's claim."""
     if _holds_no_claim(item):
         return False
-    alias = item._state.db or "default"
     held = (
         type(item)
-        ._base_manager.using(alias)
+        ._base_manager.using(item._state.db or "default")
         .filter(pk=item.pk, status=Status.IN_PROGRESS, claim_token=item.claim_token)
     )
-    changed = retrying_conflicts(lambda: held.update(**changes), alias)
+    changed = update_retrying(held, **changes)
     if changed:
         for name, value in changes.items():
             setattr(item, name, value)
@@ -503,7 +510,7 @@ def renew_leases(model: type[Model], alias: str, tokens: dict[Any, int], lease: 
     for pk, token in tokens.items():
         held |= Q(pk=pk, claim_token=token)
     running = model._base_manager.using(alias).filter(held, status=Status.IN_PROGRESS)
-    return retrying_conflicts(lambda: running.update(lease_expires_at=Now() + lease), alias)
+    return update_retrying(running, lease_expires_at=Now() + lease)
 
 
 def rescue(stuck: QuerySet[Any], *, fail: bool = False) -> int:
@@ -550,17 +557,13 @@ def requeue(items: QuerySet[Any], *, stuck: Q) -> int:
     allowed = items.order_by().filter(Q(status__in=(Status.READY, Status.FAILED)) | stuck)
     changes = {**UNCLAIMED, "status": Status.READY, "run_at": Now(), "finished_at": None}
     plain = allowed.exclude(status=Status.FAILED, dedup_key__isnull=False)
-    changed = retrying_conflicts(lambda: plain.update(**changes), items.db)
+    changed = update_retrying(plain, **changes)
     holding_keys = allowed.filter(status=Status.FAILED, dedup_key__isnull=False)
     for pk in list(holding_keys.values_list("pk", flat=True)):
         one = holding_keys.filter(pk=pk)
         with suppress(IntegrityError):
             changed += retrying_conflicts(partial(_update_in_savepoint, one, changes), items.db)
     return changed
-
-
-def _delete(rows: QuerySet[Any]) -> int:
-    return int(rows.delete()[0])
 
 
 def _update_in_savepoint(rows: QuerySet[Any], changes: dict[str, Any]) -> int:
@@ -572,14 +575,19 @@ def fail_many(items: QuerySet[Any], *, stuck: Q, error: str) -> int:
     """Mark FAILED with ``error`` the READY ``items`` and those matching ``stuck``, checked in
     the UPDATE itself; a running item under a live consumer is left alone. For QueueItem."""
     failing = items.order_by().filter(Q(status=Status.READY) | stuck)
-    changes = {**UNCLAIMED, "finished_at": Now(), "last_error": error, "error_class": ""}
-    return retrying_conflicts(lambda: failing.update(status=Status.FAILED, **changes), items.db)
+    return update_retrying(
+        failing,
+        **UNCLAIMED,
+        status=Status.FAILED,
+        finished_at=Now(),
+        last_error=error,
+        error_class="",
+    )
 
 
 def delete_finished(items: QuerySet[Any]) -> int:
     """Delete the DONE and FAILED ``items``; returns how many."""
-    finished = items.order_by().filter(status__in=FINISHED)
-    return retrying_conflicts(partial(_delete, finished), items.db)
+    return delete_retrying(items.order_by().filter(status__in=FINISHED))
 
 
 def delete_all(items: QuerySet[Any]) -> int:
@@ -588,7 +596,7 @@ def delete_all(items: QuerySet[Any]) -> int:
     For a queue of a tool's own that it empties before and after a run (``txqueue_bench``,
     ``txqueue_chaos``): a consumer still holding one of these items would find it gone.
     """
-    return retrying_conflicts(partial(_delete, items.order_by()), items.db)
+    return delete_retrying(items.order_by())
 
 
 def release_lost(
@@ -603,8 +611,7 @@ def release_lost(
         .filter(status=Status.IN_PROGRESS, pid=pid, claimed_at__lt=Now() - claimed_before)
         .exclude(pk__in=list(held))
     )
-    changes = {"status": Status.READY, "attempts": F("attempts") - 1, **UNCLAIMED}
-    return retrying_conflicts(lambda: lost.update(**changes), alias)
+    return update_retrying(lost, status=Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
 
 
 def purge(items: QuerySet[Any], older_than: timedelta, *, until: float | None = None) -> int:
@@ -637,8 +644,7 @@ def delete_in_batches(rows: QuerySet[Any], *, until: float | None = None) -> int
         )
         if not batch:
             return deleted
-        chosen = rows.filter(pk__in=batch)
-        deleted += retrying_conflicts(partial(_delete, chosen), rows.db)
+        deleted += delete_retrying(rows.filter(pk__in=batch))
         after = batch[-1]
         if until is not None and time.monotonic() >= until:
             return deleted
@@ -662,22 +668,24 @@ def register(consumer: Consumer, using: str) -> Consumer:
 def beat(consumer: Consumer, *, processed: int, failed: int, queues: list[str]) -> None:
     """Heartbeat: the consumer is alive (database clock), with its counters and the queues
     it serves now (it may find new ones)."""
-    changes = {"processed": processed, "failed": failed, "queues": queues}
-    row = _consumer_row(consumer)
-    retrying_conflicts(lambda: row.update(last_heartbeat_at=Now(), **changes), row.db)
+    update_retrying(
+        _consumer_row(consumer),
+        last_heartbeat_at=Now(),
+        processed=processed,
+        failed=failed,
+        queues=queues,
+    )
 
 
 def stop(consumer: Consumer, *, processed: int, failed: int) -> None:
     """Mark the consumer stopped: its unfinished items are stuck from now on."""
-    row = _consumer_row(consumer)
-    changes = {"processed": processed, "failed": failed}
-    retrying_conflicts(lambda: row.update(stopped_at=Now(), **changes), row.db)
+    update_retrying(_consumer_row(consumer), stopped_at=Now(), processed=processed, failed=failed)
 
 
 def delete_consumers(consumers: QuerySet[Any]) -> int:
     """Delete the rows of ``consumers``, stopped ones a tool ran for a while and that
     nobody needs to tell from live ones afterwards; returns how many."""
-    return retrying_conflicts(partial(_delete, consumers.order_by()), consumers.db)
+    return delete_retrying(consumers.order_by())
 
 
 def _consumer_row(consumer: Consumer) -> QuerySet[Any]:

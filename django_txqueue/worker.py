@@ -147,15 +147,6 @@ class Worker:
         return self.stations[self.using].rotation
 
     @property
-    def settler(self) -> Settler:
-        """The first station's settler (the only one of a worker on one database)."""
-        return self.stations[self.using].settler
-
-    @property
-    def handlers(self) -> dict[str, registry.Handler]:
-        return {n: h for s in self.stations.values() for n, h in s.rotation.handlers.items()}
-
-    @property
     def queues(self) -> dict[str, Queue]:
         """Every queue served, by name (on several databases, ``Queue.using`` tells)."""
         return {n: q for s in self.stations.values() for n, q in s.rotation.queues.items()}

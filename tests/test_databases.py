@@ -18,6 +18,7 @@ from django.db.transaction import TransactionManagementError
 from django_txqueue import Queue, Status, enqueue, on_commit
 from django_txqueue.api import queue_databases
 from django_txqueue.backends import TASKS_FRAMEWORK
+from django_txqueue.management import own_queue
 from django_txqueue.models import Consumer, QueueItem
 from django_txqueue.monitoring import overview_of
 from tests.testapp.models import Run
@@ -161,9 +162,12 @@ class TestConsumer:
         item.refresh_from_db(using="other")
         assert item.status == Status.READY
 
+    @pytest.mark.slow  # starts a consumer process
     def test_a_consumer_process_is_woken_from_each_database(self, elsewhere, tmp_path):
         """A consumer of both databases, idle, hears of new items on each (LISTEN on
-        PostgreSQL, a datagram elsewhere) long before its poll would find them."""
+        PostgreSQL, a datagram elsewhere) long before its poll would find them: idle for
+        IDLE seconds, its polls are 1.6 s and more apart (they double from 50 ms), so an
+        item it finds within WOKEN of its commit was a wake-up."""
         env = {
             **child_env(),
             "TXQUEUE_TEST_SETTINGS": json.dumps({**FAST, **ELSEWHERE, "POLL_INTERVAL": 30}),
@@ -175,17 +179,26 @@ class TestConsumer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
+        took = {}
         try:
-            for queue, alias in (("echo", "default"), ("elsewhere", "other"), ("echo", "default")):
+            for queue, alias in (("echo", "default"), ("elsewhere", "other")):
                 live = Consumer.objects.using(alias).filter(stopped_at=None)
                 wait_for(live.exists)
+                time.sleep(IDLE)
                 with transaction.atomic(using=alias):
                     item = enqueue(queue, "wake", using=alias)
+                committed = time.monotonic()
                 wait_for(functools.partial(is_done, item), timeout=10)
+                took[alias] = time.monotonic() - committed
         finally:
             consumer.terminate()
             _, err = consumer.communicate(timeout=30)
         assert consumer.returncode == 0, err.decode()[-2000:]
+        assert all(seconds < WOKEN for seconds in took.values()), took
+
+
+IDLE = 4.0  # seconds a consumer waits idle before the wake-up: its polls 1.6-3.2 s apart
+WOKEN = 1.0  # at most this from commit to DONE: woken, not found by a poll
 
 
 def is_done(item):
@@ -200,6 +213,12 @@ def wait_for(condition, timeout=20.0):
 
 
 class TestCommandsAndAdmin:
+    def test_the_tools_own_queue_is_where_it_is_placed(self, elsewhere):
+        """txqueue_bench and txqueue_chaos: --database, else where their queue lives."""
+        assert own_queue("elsewhere", None) == ("other", "elsewhere")
+        assert own_queue("elsewhere", "default") == ("default", "elsewhere")
+        assert own_queue("plain", None) == ("default", "plain")
+
     def test_stats_without_names_shows_queues_on_every_database(self, elsewhere, capsys):
         enqueue("echo", 1)
         enqueue("elsewhere", 2)

@@ -144,6 +144,12 @@ class Dialect:
         lock-wait timeout, a busy file."""
         return False
 
+    def is_disconnect(self, exc: Error) -> bool:
+        """The connection is lost or no longer fit for writes (the server went away, shuts
+        down, or became a read-only replica after a failover): drop it and reconnect.
+        The database's failure, not the caller's: work it interrupted is not an attempt."""
+        return False
+
     def is_galera(self, connection: BaseDatabaseWrapper) -> bool:
         """Whether the database is a node of a Galera cluster, where any writing
         transaction can be refused at COMMIT by another node's conflicting one."""
@@ -152,12 +158,6 @@ class Dialect:
     def approximate_count(self, queryset: QuerySet[Any]) -> int:
         """Rows ``queryset`` would return, estimated without a scan where possible."""
         return queryset.count()
-
-    def is_disconnect(self, exc: Error) -> bool:
-        """The connection is lost or no longer fit for writes (the server went away, shuts
-        down, or became a read-only replica after a failover): drop it and reconnect.
-        The database's failure, not the caller's: work it interrupted is not an attempt."""
-        return False
 
     def estimated_count(self, queryset: QuerySet[Any], exact_up_to: int) -> int:
         """How many rows ``queryset`` has, never reading more than ``exact_up_to + 1`` of

@@ -1,12 +1,10 @@
 """Fixtures of the end-to-end tests: the example project's (helpers in example.py) and the
 throwaway servers' (helpers in servers.py)."""
 
-import os
-
 import pytest
 
 from .example import VENDOR, Example, database_url, example_env, manage, quoted_name, run_ddl
-from .servers import DBNAME, SERVERS, django
+from .servers import DBNAME, SERVERS, django, needs_servers
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +42,8 @@ def server(request):
     binaries to start, not a feature. A machine without them skips, except under
     ``CI=true``, where that is a failure."""
     kind = request.param
-    current = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
-    if current != kind:
-        pytest.skip(f"runs with TXQUEUE_TEST_DB={kind} (this run: {current})")
     server_class = SERVERS[kind]
-    reason = server_class.missing()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the {kind} restart tests: {reason}")
-        pytest.skip(reason)
+    needs_servers(kind, server_class.missing(), f"the {kind} restart tests")
     instance = server_class()
     request.addfinalizer(instance.destroy)
     instance.start()

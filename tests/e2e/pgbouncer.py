@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .servers import DONE, FAST, ROOT, free_port, is_root, tail
+from .servers import DONE, FAST, ROOT, free_port, is_root, run_django, tail
 
 BINARY = "/usr/sbin/pgbouncer"
 OS_USER = "postgres"  # PgBouncer refuses to run as root: -u switches to this user
@@ -271,20 +271,6 @@ def restart(root: Path) -> None:
 # -- what the tests and the measurement read and run ---------------------------------
 
 
-def django(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(  # noqa: S603 - our own command line
-        [sys.executable, "-m", "django", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, f"django {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
 def query(bouncer: PgBouncer, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Rows of one statement on a direct connection (what an operator's psql sees)."""
     with bouncer.connect(DIRECT) as connection:
@@ -310,7 +296,7 @@ def registered(bouncer: PgBouncer, count: int) -> bool:
 
 def enqueue_one_by_one(env: dict[str, str], queue: str, count: int, gap: float) -> None:
     """A producer process enqueueing ``count`` items, each committed alone, ``gap`` apart."""
-    django(
+    run_django(
         env,
         "shell",
         "-c",
@@ -369,7 +355,7 @@ def measure(
     bouncer = PgBouncer(name)
     try:
         bouncer.start()
-        django(bouncer.child_env(DIRECT), "migrate", "--noinput", "-v", "0")
+        run_django(bouncer.child_env(DIRECT), "migrate", "--noinput", "-v", "0")
         print(
             f"{items} items, {consumers} consumers (noop, --concurrency 2 --batch 10), "
             f"POLL_INTERVAL 2 s, {samples} wake-ups {gap} s apart\n"
@@ -427,7 +413,7 @@ def _measure_shape(
     try:
         until(lambda: registered(bouncer, consumers), 30)
         time.sleep(3)  # past the first wait, and a failing LISTEN probe's 2 s
-        django(
+        run_django(
             producer_env,
             "shell",
             "-c",
@@ -462,13 +448,13 @@ def chaos(arguments: list[str]) -> None:
     bouncer = PgBouncer(name)
     try:
         bouncer.start()
-        django(bouncer.child_env(DIRECT), "migrate", "--noinput", "-v", "0")
+        run_django(bouncer.child_env(DIRECT), "migrate", "--noinput", "-v", "0")
         settings = {"LISTEN_DATABASES": {"default": "listen"}, "PURGE_INTERVAL": 1}
         env = bouncer.child_env(TRANSACTION, {"listen": DIRECT}, settings)
         if "--restart-pgbouncer" in arguments:
             arguments.remove("--restart-pgbouncer")
             arguments += ["--restart-command", bouncer.restart_command()]
-        print(django(env, "txqueue_chaos", *arguments), end="")
+        print(run_django(env, "txqueue_chaos", *arguments), end="")
         print(f"advisory locks left: {len(advisory_locks(bouncer))}")
     finally:
         bouncer.destroy()

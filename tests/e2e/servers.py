@@ -516,7 +516,7 @@ def django(server: Server, *args: str) -> str:
     return run_django(child_env(server), *args)
 
 
-def run_django(env: dict[str, str], *args: str) -> str:
+def run_django(env: dict[str, str], *args: str, timeout: float = 120) -> str:
     """``python -m django ARGS`` in a child process with ``env``; its output."""
     done = subprocess.run(
         [sys.executable, "-m", "django", *args],
@@ -524,7 +524,7 @@ def run_django(env: dict[str, str], *args: str) -> str:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
     assert done.returncode == 0, f"django {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
@@ -548,6 +548,21 @@ def counts(server: Server, queue: str) -> dict[int, int]:
         (queue,),
     )
     return {int(status): int(n) for status, n in rows}
+
+
+def needs_servers(vendor: str, missing: str | None, what: str) -> None:
+    """Skip unless this is the suite run of ``vendor`` (``TXQUEUE_TEST_DB``), so that CI's
+    passes do not repeat the test; then skip for ``missing`` server binaries (the reason,
+    or None), except under ``CI=true``, where missing them fails ``what``."""
+    import pytest
+
+    current = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
+    if current != vendor:
+        pytest.skip(f"runs with TXQUEUE_TEST_DB={vendor} (this run: {current})")
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run {what}: {missing}")
+        pytest.skip(missing)
 
 
 def wait_for(condition, timeout: float, what: str, running=None, interval: float = 0.05):

@@ -33,7 +33,7 @@ from .galera import (
     node_env,
     run_workload,
 )
-from .servers import DBNAME, DONE, ROOT, enqueue, run_django
+from .servers import DBNAME, DONE, ROOT, enqueue, needs_servers, run_django
 
 pytestmark = pytest.mark.slow
 TABLE = "django_txqueue_queueitem"
@@ -41,14 +41,7 @@ TABLE = "django_txqueue_queueitem"
 
 @pytest.fixture(scope="module")
 def cluster():
-    current = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
-    if current != "mysql":
-        pytest.skip(f"runs with TXQUEUE_TEST_DB=mysql (this run: {current})")
-    reason = GaleraCluster.missing()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the Galera tests: {reason}")
-        pytest.skip(reason)
+    needs_servers("mysql", GaleraCluster.missing(), "the Galera tests")
     started = migrated_cluster()
     yield started
     started.destroy()

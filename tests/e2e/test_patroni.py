@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from . import patroni
-from .servers import DBNAME, DONE, ROOT, wait_for
+from .servers import DBNAME, DONE, ROOT, needs_servers, run_django, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -60,14 +60,7 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def cluster():
-    current = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
-    if current != "postgresql":
-        pytest.skip(f"runs with TXQUEUE_TEST_DB=postgresql (this run: {current})")
-    reason = patroni.missing()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the Patroni failover test: {reason}")
-        pytest.skip(reason)
+    needs_servers("postgresql", patroni.missing(), "the Patroni failover test")
     started = patroni.PatroniCluster()
     try:
         started.start()
@@ -97,17 +90,7 @@ def env(cluster: patroni.PatroniCluster) -> dict[str, str]:
 
 
 def django(cluster: patroni.PatroniCluster, *args: str) -> str:
-    done = subprocess.run(  # noqa: S603
-        [sys.executable, "-m", "django", *args],
-        env=env(cluster),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, f"django {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    return run_django(env(cluster), *args)
 
 
 class Process:

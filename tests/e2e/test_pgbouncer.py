@@ -34,7 +34,6 @@ from .pgbouncer import (
     PgBouncer,
     advisory_locks,
     create_database,
-    django,
     drop_database,
     enqueue_one_by_one,
     query,
@@ -42,7 +41,7 @@ from .pgbouncer import (
     statuses,
     wake_up_delays,
 )
-from .servers import DONE, ROOT, wait_for
+from .servers import DONE, ROOT, needs_servers, run_django, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -60,20 +59,13 @@ LISTEN_DIRECT = {"LISTEN_DATABASES": {"default": "listen"}}
 @pytest.fixture(scope="module")
 def bouncer():
     """PgBouncer in front of a fresh, migrated database of the suite's server."""
-    current = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
-    if current != "postgresql":
-        pytest.skip(f"runs with TXQUEUE_TEST_DB=postgresql (this run: {current})")
-    reason = PgBouncer.missing()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the PgBouncer tests: {reason}")
-        pytest.skip(reason)
+    needs_servers("postgresql", PgBouncer.missing(), "the PgBouncer tests")
     name = f"txqueue_pgbouncer{os.environ.get('TXQUEUE_TEST_RUN', '')}"
     create_database(name)
     instance = PgBouncer(name)
     try:
         instance.start()
-        django(instance.child_env(DIRECT), "migrate", "--noinput", "-v", "0")
+        run_django(instance.child_env(DIRECT), "migrate", "--noinput", "-v", "0")
         yield instance
     finally:
         instance.destroy()
@@ -154,7 +146,7 @@ def test_a_drain_through_a_transaction_pool(fresh, consumers):
     running = [
         consumers(env, "atomic", "echo", "--concurrency", "2", "--batch", "10") for _ in range(3)
     ]
-    django(
+    run_django(
         env,
         "shell",
         "-c",
@@ -231,7 +223,7 @@ def test_the_shapes_run_in_settings_the_check_accepts(bouncer):
     """The settings the tests above use pass the system checks (LISTEN_DATABASES' aliases
     exist), and a name missing from DATABASES is refused at start."""
     env = bouncer.child_env(TRANSACTION, {"listen": DIRECT}, LISTEN_DIRECT)
-    django(env, "check")
+    run_django(env, "check")
     bad = bouncer.child_env(TRANSACTION, settings={"LISTEN_DATABASES": {"default": "direct"}})
     done = subprocess.run(  # noqa: S603 - our own command line
         [sys.executable, "-m", "django", "run_queue_consumer", "noop", "--burst"],
