@@ -36,6 +36,8 @@ __all__ = [
     "QueueBound",
     "QueueItem",
     "QueueModel",
+    "QueuePause",
+    "ScheduleTick",
     "Status",
     "StatusIndex",
     "any_status",
@@ -383,6 +385,9 @@ class QueueItem(QueueModel):
     result = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
+    # When someone asked a running item to stop (``cancel()``); its handler polls it
+    # through ``cancel_requested()``, and returning after it settles the item CANCELLED.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = QueueItemQuerySet.as_manager()  # type: ignore[misc]
 
@@ -434,6 +439,41 @@ class QueueItem(QueueModel):
         Once ``max_attempts`` claims have been spent it ends FAILED with ``error`` instead.
         """
         return store.retry(self, error, delay)
+
+
+class QueuePause(models.Model):
+    """One row per paused queue, in the queue's own database: consumers stop claiming
+    from it (they read this table with their heartbeat) until it is resumed."""
+
+    queue = models.CharField(max_length=MAX_QUEUE_NAME, primary_key=True)
+    paused_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        verbose_name = "queue pause"
+
+    def __str__(self) -> str:
+        return self.queue
+
+
+class ScheduleTick(models.Model):
+    """One row per tick of a ``SCHEDULE`` entry that was enqueued. The unique
+    (name, tick) lets exactly one consumer enqueue each tick, however many run."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=MAX_LABEL)
+    tick = models.DateTimeField()
+    # The item it enqueued (no foreign key: finished items are purged, ticks are kept).
+    item_id = models.BigIntegerField(null=True, blank=True)
+    enqueued_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        verbose_name = "schedule tick"
+        constraints = [
+            models.UniqueConstraint(fields=["name", "tick"], name="txqueue_schedule_tick"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} @ {self.tick.isoformat()}"
 
 
 class Dashboard(QueueItem):

@@ -9,8 +9,10 @@ class Status(models.IntegerChoices):
     IN_PROGRESS = 2, "in progress"
     DONE = 3, "done"
     FAILED = 4, "failed"
+    # Cancelled before it ran, or by a handler that returned after a cancellation request.
+    CANCELLED = 5, "cancelled"
 
 
 # The states an item can still leave: it counts towards MAX_SIZE and holds its dedup_key.
 UNFINISHED = (Status.READY, Status.IN_PROGRESS)
-FINISHED = (Status.DONE, Status.FAILED)
+FINISHED = (Status.DONE, Status.FAILED, Status.CANCELLED)
