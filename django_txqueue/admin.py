@@ -1,5 +1,6 @@
 """The Django admin pages: queue items (with requeue, mark failed and delete), the stuck
-items (with a rescue button), consumers, and a dashboard of every queue.
+items (with a rescue button), consumers, and a dashboard of every queue (with pause and
+resume buttons).
 
 The pages only read; every change goes through the queryset methods and so through
 ``store``, in one statement that re-checks each row's state, never through a form that
@@ -43,7 +44,7 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
 from . import conf
-from .api import queue_databases, requeue_all_stuck
+from .api import Queue, queue_databases, requeue_all_stuck
 from .chart import throughput_chart
 from .db import dialect_for
 from .models import Consumer, Dashboard, QueueItem, QueueItemQuerySet, Status, stuck_condition
@@ -450,7 +451,35 @@ class DashboardAdmin(DashboardModelAdmin):
     def get_urls(self) -> list[URLPattern]:
         # The changelist's name, so that the app index and the sidebar link to it.
         view = self.admin_site.admin_view(self.dashboard_view)
-        return [path("", view, name="django_txqueue_dashboard_changelist")]
+        control = self.admin_site.admin_view(self.pause_view)
+        return [
+            path("", view, name="django_txqueue_dashboard_changelist"),
+            path("pause/", control, name="django_txqueue_dashboard_pause"),
+        ]
+
+    def pause_view(self, request: HttpRequest) -> HttpResponse:
+        """POST (QueueItem's change permission): pause or resume one queue, as
+        ``txqueue_pause`` and ``txqueue_resume`` do, and say so."""
+        if request.method != "POST":
+            return HttpResponseRedirect(reverse("admin:django_txqueue_dashboard_changelist"))
+        if not may(request, "change"):
+            raise PermissionDenied
+        name, database = request.POST.get("queue", ""), request.POST.get("database", "")
+        if database not in queue_databases():  # "" when the dashboard shows one database
+            database = ""
+        try:
+            queue = Queue(name, using=database or None)
+        except (TypeError, ValueError) as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        else:
+            if request.POST.get("action") == "resume":
+                done = queue.resume()
+                said = "resumed" if done else "was not paused"
+            else:
+                done = queue.pause()
+                said = "paused: consumers claim none of its items" if done else "was paused"
+            self.message_user(request, f"Queue {name!r} {said}.", messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:django_txqueue_dashboard_changelist"))
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         """The page, or with ``?fragment=1`` only its live part, which the page re-reads
@@ -465,6 +494,7 @@ class DashboardAdmin(DashboardModelAdmin):
             "title": "Queue dashboard",
             "overview": shown,
             "chart": throughput_chart(shown.minutes),
+            "can_pause": may(request, "change"),
             "refresh_ms": self.refresh_seconds * 1000,
         }
         if request.GET.get("fragment"):

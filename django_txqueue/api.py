@@ -20,7 +20,7 @@ from . import conf, fairness, monitoring, registry, store
 from .claims import Claims
 from .db import dialect_for
 from .db.inserts import inserts
-from .models import QueueBound, QueueItem, QueueItemQuerySet
+from .models import QueueBound, QueueItem, QueueItemQuerySet, QueuePause
 from .status import Status
 from .validation import (
     INT_RANGE,
@@ -280,6 +280,25 @@ class Queue:
             yield item
             if item is not None:
                 item.ack()
+
+    # -- pausing -------------------------------------------------------------------
+
+    def pause(self) -> bool:
+        """Stop claims of this queue, by every consumer, until ``resume()``: held in its
+        database, so it holds across consumers and restarts. Items in flight finish, and
+        ``enqueue`` goes on. False if it was paused already."""
+        return store.pause(QueuePause.objects.using(self.using), self.name)
+
+    def resume(self) -> bool:
+        """Let claims take this queue's items again; waiting consumers hear of it at
+        once. False if it was not paused."""
+        resumed = store.resume(QueuePause.objects.using(self.using), self.name)
+        if resumed:
+            wake_local_consumers(self.name, self.using)
+        return resumed
+
+    def is_paused(self) -> bool:
+        return QueuePause.objects.using(self.using).filter(queue=self.name).exists()
 
     # -- inspecting ----------------------------------------------------------------
 

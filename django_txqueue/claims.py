@@ -24,9 +24,12 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.db.models import Exists
+
 from . import fairness, store
 from .db import dialect_for
 from .db.compiler import ClaimStatement
+from .models import QueuePause
 
 if TYPE_CHECKING:
     from .models import QueueItem, QueueItemQuerySet
@@ -49,11 +52,15 @@ class Claims:
     @property
     def claimable(self) -> QueueItemQuerySet:
         """The items a claim may take once they are due: all of them, or in an ordered
-        queue (or one with MAX_IN_FLIGHT_PER_KEY) those at the head of their key."""
+        queue (or one with MAX_IN_FLIGHT_PER_KEY) those at the head of their key; none
+        while the queue is paused."""
         limit = fairness.in_flight_limit(self.name)
-        if limit is not None:
-            return fairness.in_key_order(self.items, limit)  # type: ignore[return-value]
-        return self.items
+        items = self.items if limit is None else fairness.in_key_order(self.items, limit)
+        # The claim reads the pause flag in its own statement: a paused queue is never
+        # claimed, by consumers or by anyone's claim(), with no query of its own. An
+        # uncorrelated NOT EXISTS: PostgreSQL evaluates it once per statement (a one-time
+        # filter), MySQL and SQLite as a constant; one primary-key probe either way.
+        return items.filter(~Exists(QueuePause.objects.filter(queue=self.name)))  # type: ignore[return-value]
 
     def statement(self, limit: int) -> ClaimStatement:
         statement = self._statements.get(limit)

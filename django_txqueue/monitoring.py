@@ -21,7 +21,14 @@ from django.utils import timezone
 
 from . import conf, fairness
 from .db import dialect_for
-from .models import Consumer, ConsumerQuerySet, QueueItem, QueueItemQuerySet, any_status
+from .models import (
+    Consumer,
+    ConsumerQuerySet,
+    QueueItem,
+    QueueItemQuerySet,
+    QueuePause,
+    any_status,
+)
 from .status import FINISHED, Status
 
 MINUTES = 60  # the span of the throughput chart
@@ -42,6 +49,7 @@ class QueueRow:
     consumers: int = 0
     done_last_hour: int = 0
     failed_last_hour: int = 0
+    paused: bool = False
     # A fair or ordered queue's keys_waiting and top_keys (fairness.key_stats).
     keys: dict[str, Any] | None = None
 
@@ -77,7 +85,7 @@ class Overview:
 
 
 def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
-    """Everything the dashboard shows, read from ``items`` and ``consumers``: five queries,
+    """Everything the dashboard shows, read from ``items`` and ``consumers``: six queries,
     and one more per fair or ordered queue."""
     rows: dict[str, QueueRow] = {}
 
@@ -100,6 +108,9 @@ def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
     for oldest in items.order_by().ready().values("queue").annotate(age=waited):
         age = oldest["age"]
         row(oldest["queue"]).oldest_ready = max(age, dt.timedelta(0)) if age else None
+
+    for name in QueuePause.objects.using(items.db).values_list("queue", flat=True):
+        row(name).paused = True
 
     live = list(consumers.alive().values_list("queues", flat=True))
     for name, serving in Counter(name for queues in live for name in queues).items():
@@ -219,7 +230,8 @@ def duration(span: dt.timedelta) -> str:
 
 def queue_stats(name: str, items: QueueItemQuerySet) -> dict[str, Any]:
     """``Queue.stats()``: counts per status, stuck items, how long the oldest due item has
-    waited, and for a fair or ordered queue ``keys_waiting`` and ``top_keys``.
+    waited, whether the queue is paused, and for a fair or ordered queue ``keys_waiting``
+    and ``top_keys``.
 
     Never reads all the finished rows: READY, IN_PROGRESS and FAILED items are counted
     exactly from their indexes; DONE items exactly up to ``EXACT_DONE_UP_TO``, past that
@@ -241,6 +253,7 @@ def queue_stats(name: str, items: QueueItemQuerySet) -> dict[str, Any]:
         "failed": by_status.get(Status.FAILED, 0),
         "stuck": items.stuck().count(),
         "oldest_ready_age_s": max(waited.total_seconds(), 0.0) if waited else 0.0,
+        "paused": QueuePause.objects.using(items.db).filter(queue=name).exists(),
     }
     if fairness.needs_key(name):
         stats.update(fairness.key_stats(items.filter(status=Status.READY)))

@@ -656,6 +656,29 @@ def try_lock(alias: str, name: str) -> AbstractContextManager[bool]:
     return dialect_for(alias).try_lock(connections[alias], name)
 
 
+# -- pausing queues ------------------------------------------------------------------
+
+
+def pause(pauses: QuerySet[Any], queue: str) -> bool:
+    """Give ``queue`` its row in ``pauses`` (the pause table, on its database): claims
+    take none of its items from now on. False if it was paused already."""
+    return retrying_conflicts(lambda: pauses.get_or_create(queue=queue)[1], pauses.db)
+
+
+def resume(pauses: QuerySet[Any], queue: str) -> bool:
+    """Delete ``queue``'s row from ``pauses`` and wake the consumers that wait for its
+    work, in one transaction. False if it was not paused."""
+
+    def run() -> bool:
+        with transaction.atomic(using=pauses.db):
+            resumed = int(pauses.filter(queue=queue).delete()[0]) > 0
+            if resumed:
+                dialect_for(pauses.db).announce(connections[pauses.db], queue)
+            return resumed
+
+    return retrying_conflicts(run, pauses.db)
+
+
 # -- consumers -----------------------------------------------------------------------
 
 

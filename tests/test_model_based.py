@@ -4,7 +4,8 @@ Hypothesis's stateful testing plays random sequences of ``enqueue`` and ``enqueu
 ``Queue.claim``, ``Queue.dequeue``, the consumer loop's ``Queue.claims.ack_and_claim``, the
 acknowledgements (``ack``, ``retry``, ``fail``, ``release``: on live claims and on stale
 ones), the passing of time, rescue (``Queue.requeue_stuck`` and ``txqueue_requeue_stuck``),
-the admin's requeue and mark failed, and ``Queue.purge``, on queues of tests/settings.py: a
+the admin's requeue and mark failed, ``Queue.purge``, and ``Queue.pause`` and ``resume``
+(a paused queue's claims take nothing), on queues of tests/settings.py: a
 plain one, "bounded" (MAX_SIZE 3), "fair", "ordered", "fair-ordered" and "limited"
 (MAX_IN_FLIGHT_PER_KEY 2). ``Model`` says in plain Python what each step should do, from
 DESIGN and the README, never from the package's code; after every step the database must
@@ -48,7 +49,7 @@ from hypothesis.stateful import (
 )
 
 from django_txqueue import Queue, QueueFull, QueueItem, Status, enqueue, enqueue_many
-from django_txqueue.models import QueueBound
+from django_txqueue.models import QueueBound, QueuePause
 
 from .helpers import expire, strategies
 
@@ -188,6 +189,7 @@ class Model:
 
     def __init__(self) -> None:
         self.items: dict[int, Item] = {}
+        self.paused: set[str] = set()  # no claim takes a paused queue's items
 
     def of(self, queue: str) -> list[Item]:
         return [item for item in self.items.values() if item.queue == queue]
@@ -227,6 +229,8 @@ class Model:
             running = sum(other.status == IN_PROGRESS for other in same)
             return earlier < limit and running < limit
 
+        if queue in self.paused:
+            return []
         ready = [item for item in items if item.status == READY and item.due and allowed(item)]
         return sorted(ready, key=Item.claim_order)
 
@@ -289,6 +293,7 @@ class QueueMachine(RuleBasedStateMachine):
         # once more at its end).
         QueueItem.objects.all().delete()
         QueueBound.objects.all().delete()
+        QueuePause.objects.all().delete()
         Tally.sequences += 1
         self.model = Model()
         self.queues = list(QUEUES)
@@ -371,6 +376,7 @@ class QueueMachine(RuleBasedStateMachine):
             steps += ["rescue"] * 3
         if any(i.old for i in items):
             steps += ["purge"]
+        steps += ["pause"] + ["resume"] * (3 if self.model.paused else 0)
         return steps
 
     @rule(data=st.data())
@@ -436,15 +442,23 @@ class QueueMachine(RuleBasedStateMachine):
     def purge_step(self, data):
         self.purge(self.draw_queue(data))
 
-    # Cancel and pause (DESIGN section 10, third round) do not exist yet. When they do,
-    # add them to actions() with a ``*_step`` method each:
+    def pause_step(self, data):
+        name = self.draw_queue(data)
+        assert self.queue(name).pause() is (name not in self.model.paused)
+        self.model.paused.add(name)
+
+    def resume_step(self, data):
+        name = data.draw(st.sampled_from(sorted(self.model.paused)), label="queue")
+        self.touched.add(name)
+        assert self.queue(name).resume() is True
+        self.model.paused.discard(name)
+
+    # Cancel (DESIGN section 10, third round) does not exist yet. When it does, add it
+    # to actions() with a ``*_step`` method:
     # - "cancel": QueueItem.cancel() on READY items and on live and stale claims, and
     #   Queue.cancel(...); the model's item becomes CANCELLED, final like DONE (never
     #   claimed again, purged like DONE, its dedup key free, out of MAX_SIZE), and
     #   cancel_requested() is checked on a running item;
-    # - "pause" and "resume": Queue.pause(), .resume(), .is_paused(), the model keeping a
-    #   paused flag per queue: claim, ack_and_claim and dequeue of a paused queue take
-    #   nothing while enqueue goes on;
     # - Model.counts() and check_reads() count CANCELLED (under the stats key it gets).
 
     # -- producing -------------------------------------------------------------------
@@ -820,6 +834,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert {key: stats[key] for key in counts} == counts, name
         assert queue.count() == counts["ready"]
         assert queue.count(status=None) == len(self.model.of(name))
+        assert stats["paused"] is queue.is_paused() is (name in self.model.paused)
         due = [i for i in self.model.of(name) if i.status == READY and i.due]
         if not due:
             assert stats["oldest_ready_age_s"] == 0.0

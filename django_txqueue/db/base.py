@@ -218,6 +218,11 @@ class Dialect:
         one that releases, and the key both take as their parameter."""
         raise NotImplementedError
 
+    def announce(self, connection: BaseDatabaseWrapper, queue: str) -> None:
+        """Tell the consumers listening on this database, at commit, that ``queue`` has
+        work (a resumed queue: no INSERT fires the announcement). Nothing where the
+        database has no LISTEN: consumers poll, or hear a local wake-up."""
+
     def listen(self, alias: str, via: str) -> Listener | None:
         """A listener for new-work announcements on database ``alias``, connected like
         alias ``via`` (``alias`` itself, or LISTEN_DATABASES' choice), or None where the

@@ -118,6 +118,10 @@ class PostgreSQL(Dialect):
                 taken = bool(cursor.fetchone()[0])
             yield taken
 
+    def announce(self, connection: BaseDatabaseWrapper, queue: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, queue])
+
     def _claim_statement(
         self, claim: ClaimStatement, values: ClaimValues, lock: str
     ) -> tuple[str, list[Any]]:

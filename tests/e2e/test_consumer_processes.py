@@ -124,6 +124,35 @@ def test_two_burst_consumers_process_every_item_exactly_once(consumers):
     assert sum(row.processed for row in rows) == 300
 
 
+def test_two_consumers_stop_claiming_a_paused_queue_and_drain_it_after_resume(consumers):
+    """Items in flight at the pause finish; none is claimed while it holds (ten of the
+    consumers' heartbeats); after resume every item runs once."""
+    slow = Queue("slow")
+    slow.enqueue_many([{"seconds": 0.05} for _ in range(200)])
+    ids = item_ids("slow")
+    procs = [consumers("slow", "--batch", "2", "--concurrency", "2") for _ in range(2)]
+    wait_for(lambda: slow.count(Status.DONE) >= 20, 30, "the first items done", procs)
+    slow.pause()
+    wait_for(lambda: not slow.count(Status.IN_PROGRESS), 5, "items in flight to finish", procs)
+    held = slow.count(Status.READY)
+    time.sleep(FAST["HEARTBEAT_INTERVAL"] * 10)
+    assert slow.count(Status.READY) == held > 0
+    assert not slow.count(Status.IN_PROGRESS)
+    slow.resume()
+    wait_for(lambda: slow.count(Status.DONE) == 200, 60, "the rest done after resume", procs)
+    assert runs_per_item() == dict.fromkeys(ids, 1)
+    assert all(proc.poll() is None for proc in procs), stderr_of(*procs)
+
+
+def test_a_burst_consumer_of_a_paused_queue_exits_0_at_once(consumers):
+    Queue("echo").enqueue_many([{"n": n} for n in range(5)])
+    Queue("echo").pause()
+    proc = consumers("echo", "--burst")
+    assert exit_code(proc, START_TIMEOUT) == 0, stderr_of(proc)
+    assert Queue("echo").count(Status.READY) == 5
+    assert runs_per_item() == {}
+
+
 # SIGHUP too: a closed terminal, or a supervisor passing it on.
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_finishes_running_items_releases_the_rest_and_exits_0(consumers, signum):

@@ -41,6 +41,8 @@ class Command(BaseCommand):
             self.stdout.write("No queue items.")
         else:
             self.stdout.write(table(stats))
+            if paused := [stat["queue"] for stat in stats if stat["paused"]]:
+                self.stdout.write(f"Paused: {', '.join(paused)}")
             for stat in stats:
                 if "keys_waiting" in stat:
                     self.stdout.write(keys_line(stat))
