@@ -25,7 +25,7 @@ from django_txqueue.checks import check_settings
 from django_txqueue.models import ScheduleTick
 from django_txqueue.schedule import KEEP_TICKS, Entry, Scheduler, overview
 
-from .helpers import FAST, ROOT, child_env, kill_tree, wait_for
+from .helpers import FAST, ROOT, child_env, kill_tree, running, wait_for, worker_for
 
 UTC = dt.UTC
 NEW_YORK = ZoneInfo("America/New_York")
@@ -264,6 +264,21 @@ class TestScheduler:
             monkeypatch.setattr(store, "enqueue_tick", real)
             scheduler.look(["ops"])
         assert Queue("ops").items.count() >= 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_consumer_enqueues_the_ticks_from_its_liveness_thread(fast_consumers, settings):
+    settings.TXQUEUE = {**settings.TXQUEUE, "SCHEDULE": {"beat": {"QUEUE": "noop", "EVERY": 1}}}
+    ScheduleTick.objects.create(name="beat", tick=at(2026, 1, 1))  # enqueued before
+    worker = worker_for("noop")
+    with running(worker):
+        assert wait_for(lambda: Queue("noop").count(Status.DONE) >= 3, 10)
+    run_ats = sorted(Queue("noop").items.values_list("run_at", flat=True))
+    # The latest tick missed at start-up, then each tick (none lost, none twice).
+    assert all(
+        later - earlier == dt.timedelta(seconds=1)
+        for earlier, later in zip(run_ats, run_ats[1:], strict=False)
+    )
 
 
 @pytest.mark.skipif(TASKS_FRAMEWORK is None, reason="no Django Tasks framework")

@@ -345,7 +345,8 @@ def insert_or_ignore(instance: Model, fields: Sequence[str], alias: str) -> bool
     Django compiles each vendor's spelling (ON CONFLICT DO NOTHING, INSERT IGNORE, INSERT
     OR IGNORE), as ``bulk_create(ignore_conflicts=True)`` would, but that hides the row
     count, which is what tells whether this statement won. A conflict ignored raises
-    nothing, so no server logs an error for it either.
+    nothing, so no server logs an error for it either. MySQL's IGNORE also makes other
+    errors (a value too long) warnings: callers insert values checked beforehand.
     """
     model = type(instance)
     query = InsertQuery(model, on_conflict=OnConflict.IGNORE)
