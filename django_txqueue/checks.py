@@ -11,7 +11,6 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
 from . import conf, schedule
-from .backends import TxQueueBackend
 from .db import dialect
 from .validation import INT_RANGE, MAX_LABEL, check_json, queue_name_problem
 
@@ -233,6 +232,8 @@ def _schedule_item_problems(options: dict[str, Any]) -> list[str]:
 def _schedule_task_problems(options: dict[str, Any]) -> list[str]:
     if "TASK" not in options:
         return []
+    from .backends import TxQueueBackend  # only then: it imports the Tasks framework
+
     path = options["TASK"]
     try:
         task = schedule.Entry.of("", options).load_task()

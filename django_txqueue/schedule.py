@@ -27,7 +27,7 @@ from django.db import DatabaseError
 from django.db.models import Max
 from django.utils import timezone
 
-from . import backends, conf, store
+from . import conf, store
 from .api import Queue, home_database
 from .models import ScheduleTick
 
@@ -84,6 +84,8 @@ class Entry:
 
     def load_task(self) -> Any:
         """The Django Task of a TASK entry."""
+        from . import backends  # only for TASK entries: it imports the Tasks framework
+
         if backends.TASKS_FRAMEWORK is None:
             raise ValueError("TASK entries need Django's Tasks framework")
         return backends.load_task(str(self.task))
@@ -97,9 +99,11 @@ class Entry:
         database its backend enqueues the task on."""
         if self.task is None:
             return home_database(str(self.queue))
+        from .backends import TxQueueBackend
+
         task = self.load_task()
         backend = task.get_backend()
-        if not isinstance(backend, backends.TxQueueBackend):
+        if not isinstance(backend, TxQueueBackend):
             raise ValueError(f"task {self.task!r} goes to backend {task.backend!r}, not ours")
         return backend.database or home_database(task.queue_name)
 
