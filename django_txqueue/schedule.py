@@ -247,6 +247,8 @@ class Scheduler:
         self.using = using
         # Each entry looked at before: the time of that look.
         self.since: dict[str, datetime] = {}
+        # Entries whose queue could not be found out (a TASK that does not load), told once.
+        self.unknown: set[str] = set()
 
     def look(self, served: Collection[str]) -> float:
         """Enqueue the due ticks of the entries of queues ``served``; seconds until the
@@ -273,7 +275,15 @@ class Scheduler:
         return min(max(wait, 0.0), LONGEST_WAIT)
 
     def _serves(self, entry: Entry, served: Collection[str]) -> bool:
-        return entry.queue_name() in served and entry.database() == self.using
+        """Whether ``entry``'s items go to a queue served here, on this database. One whose
+        TASK does not load (the system checks say so too) is nobody's: the others go on."""
+        try:
+            return entry.queue_name() in served and entry.database() == self.using
+        except Exception as exc:
+            if entry.name not in self.unknown:
+                self.unknown.add(entry.name)
+                logger.warning("schedule entry %r is not enqueued: %s", entry.name, exc)
+            return False
 
     def _enqueue(self, entry: Entry, tick: datetime) -> None:
         """Enqueue ``tick`` of ``entry`` unless another consumer did; the winner trims

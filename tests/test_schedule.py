@@ -469,3 +469,21 @@ def test_four_consumers_enqueue_each_tick_of_an_every_second_entry_once(tmp_path
     assert window == expected, f"gaps: {sorted(expected - window)}\n{errors}"
     assert Queue("noop").count(Status.DONE) >= SECONDS - 2  # and they ran
     assert "Traceback" not in errors and "IntegrityError" not in errors, errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tick_whose_item_does_not_fit_is_skipped_and_the_others_go_on(caplog):
+    with schedule(
+        full={"QUEUE": "bounded", "EVERY": 3600},
+        broken={"TASK": "tests.testapp.tasks.nope", "EVERY": 3600},
+        fine={"QUEUE": "ops", "EVERY": 3600},
+    ):
+        Queue("bounded").enqueue_many([{}, {}, {}])  # MAX_SIZE 3 (tests/settings.py)
+        scheduler = Scheduler("default")
+        for name in ("full", "broken", "fine"):
+            looked(scheduler, name, 3600)
+        scheduler.look(["bounded", "ops", "default"])
+    assert Queue("bounded").count() == 3 and Queue("ops").count() == 1
+    assert list(ScheduleTick.objects.values_list("name", flat=True)) == ["fine"]
+    assert "schedule entry 'full': could not enqueue" in caplog.text
+    assert "schedule entry 'broken' is not enqueued" in caplog.text
