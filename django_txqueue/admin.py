@@ -43,7 +43,7 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
-from . import conf
+from . import conf, schedule
 from .api import Queue, queue_databases, requeue_all_stuck
 from .chart import throughput_chart
 from .db import dialect_for
@@ -497,6 +497,8 @@ class DashboardAdmin(DashboardModelAdmin):
             "can_pause": may(request, "change"),
             "refresh_ms": self.refresh_seconds * 1000,
         }
+        if not request.GET.get("fragment"):  # the periodic items: on the page, not re-read
+            context["schedule"] = schedule.overview()
         if request.GET.get("fragment"):
             template = "admin/django_txqueue/dashboard/live.html"
         else:

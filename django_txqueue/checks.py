@@ -10,9 +10,9 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
-from . import conf
+from . import conf, schedule
 from .db import dialect
-from .validation import queue_name_problem
+from .validation import INT_RANGE, MAX_LABEL, check_json, queue_name_problem
 
 
 def _positive_number(value: Any) -> bool:
@@ -71,6 +71,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         _aliases,
         "a dict of database alias to database alias, both in settings.DATABASES",
     ),
+    "SCHEDULE": (lambda v: isinstance(v, dict), "a dict of entry name to its options"),
     "RESCUE": (lambda v: v in (None, "retry", "fail"), "None, 'retry' or 'fail'"),
     "TIMEOUT": (lambda v: v is None or _positive_number(v), "None or a positive number"),
     "MAX_SIZE": (lambda v: v is None or _positive_int(v), "None or a positive integer"),
@@ -111,6 +112,10 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
     if isinstance(queues, dict):
         for name, options in queues.items():
             errors += _check_queue(name, options)
+    entries = raw.get("SCHEDULE", {})
+    if isinstance(entries, dict):
+        for name, options in entries.items():
+            errors += _check_schedule_entry(name, options)
     return errors
 
 
@@ -148,6 +153,107 @@ def _check_queue(name: Any, options: Any) -> list[CheckMessage]:
             )
         )
     return errors
+
+
+# -- TXQUEUE["SCHEDULE"] (README: Periodic items) ---------------------------------------
+
+
+def _check_schedule_entry(name: Any, options: Any) -> list[CheckMessage]:
+    """An entry's keys (E007), its timing (E008), its queue and item (E009), its task
+    (E010); each message names the entry."""
+    path = f"TXQUEUE['SCHEDULE'][{name!r}]"
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_LABEL:
+        problem = f"{path}: an entry's name is 1 to {MAX_LABEL} characters."
+        return [Error(problem, id="txqueue.E007")]
+    if not isinstance(options, dict):
+        return [Error(f"{path} must be a dict of options.", id="txqueue.E007")]
+    unknown = [key for key in options if str(key).upper() not in schedule.KEYS]
+    if unknown:
+        return [
+            Error(
+                f"{path} has an unknown key {key!r}.",
+                hint=f"Valid keys: {', '.join(schedule.KEYS)}.",
+                id="txqueue.E007",
+            )
+            for key in unknown
+        ]
+    upper = {str(key).upper(): value for key, value in options.items()}
+    problems = [
+        Error(f"{path}: {problem}.", id=code)
+        for code, found in (
+            ("txqueue.E008", _schedule_timing_problems(upper)),
+            ("txqueue.E009", _schedule_item_problems(upper)),
+            ("txqueue.E010", _schedule_task_problems(upper)),
+        )
+        for problem in found
+    ]
+    return list(problems)
+
+
+def _schedule_timing_problems(options: dict[str, Any]) -> list[str]:
+    if ("CRON" in options) == ("EVERY" in options):
+        return ["give CRON (a cron expression) or EVERY (seconds), one of them"]
+    if "CRON" in options:
+        problem = schedule.cron_problem(options["CRON"])
+        return [f"CRON {problem}"] if problem else []
+    if not _positive_int(options["EVERY"]):
+        return [f"EVERY is {options['EVERY']!r}; it must be a positive whole number of seconds"]
+    return []
+
+
+def _schedule_item_problems(options: dict[str, Any]) -> list[str]:
+    if "TASK" in options:
+        given = [key for key in ("QUEUE", "PAYLOAD", "PRIORITY", "KEY") if key in options]
+        return [
+            f"{key} does not go with TASK (a task has its own queue, arguments and priority: "
+            "set them on the task, and its ARGS and KWARGS here)"
+            for key in given
+        ]
+    if "QUEUE" not in options:
+        return ["give QUEUE (a queue name, with an optional PAYLOAD) or TASK (a task's path)"]
+    problems = [key + " goes with TASK only" for key in ("ARGS", "KWARGS") if key in options]
+    if (problem := queue_name_problem(options["QUEUE"])) is not None:
+        problems.append(f"QUEUE: {problem}")
+    priority = options.get("PRIORITY", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        problems.append(f"PRIORITY is {priority!r}; it must be an integer")
+    elif not INT_RANGE[0] <= priority <= INT_RANGE[1]:
+        problems.append(f"PRIORITY is {priority!r}; it must be within {INT_RANGE}")
+    key = options.get("KEY")
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_LABEL):
+        problems.append(f"KEY is {key!r}; it must be None or 1 to {MAX_LABEL} characters")
+    try:
+        check_json(options.get("PAYLOAD"), "PAYLOAD")
+    except TypeError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def _schedule_task_problems(options: dict[str, Any]) -> list[str]:
+    if "TASK" not in options:
+        return []
+    from .backends import TxQueueBackend  # only then: it imports the Tasks framework
+
+    path = options["TASK"]
+    try:
+        task = schedule.Entry.of("", options).load_task()
+        backend = task.get_backend()
+    except Exception as exc:  # an import of the user's module, whatever it raises
+        return [f"TASK {path!r} is not a Django Task: {exc}"]
+    problems = []
+    if not isinstance(backend, TxQueueBackend):
+        problems.append(
+            f"TASK {path!r} goes to TASKS[{task.backend!r}], which is not a TxQueueBackend"
+        )
+    if not isinstance(options.get("ARGS", []), (list, tuple)):
+        problems.append("ARGS must be a list")
+    if not isinstance(options.get("KWARGS", {}), dict):
+        problems.append("KWARGS must be a dict")
+    try:
+        check_json([options.get("ARGS"), options.get("KWARGS")], "ARGS and KWARGS")
+    except TypeError as exc:
+        problems.append(str(exc))
+    return problems
 
 
 @register()

@@ -50,6 +50,9 @@ DEFAULTS: dict[str, Any] = {
     # databases reached through a transaction pool (PgBouncer), which loses LISTEN; the
     # other alias connects directly or through a session pool (docs/scaling.md).
     "LISTEN_DATABASES": {},
+    # Periodic items: {name: {"QUEUE": ..., "CRON": "0 3 * * *" | "EVERY": seconds, ...}},
+    # enqueued by the consumers of their queue, each tick once (README: Periodic items).
+    "SCHEDULE": {},
 }
 
 # Keys a queue may override, with the top-level key supplying the default (None:

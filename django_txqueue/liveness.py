@@ -15,6 +15,8 @@
   heartbeat; what is left waits for the next run, right after that heartbeat. On
   PostgreSQL the lock is its transaction's, and the run is that one transaction, so
   that a transaction pool (PgBouncer) cannot separate the lock from its release.
+- Periodic items (``schedule.py``): the ticks of the ``SCHEDULE`` entries of its queues,
+  on a timer of its own that wakes at each entry's next tick.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from . import conf, store
 from .api import Queue
 from .logs import forget_queries
 from .models import Consumer, Effect, QueueItem
+from .schedule import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +71,7 @@ class Liveness:
         self.stopping = stopping
         self.on_database_error = on_database_error
         self.thread = threading.Thread(target=self._run, name="txqueue-liveness", daemon=True)
+        self.scheduler = Scheduler(using)
 
     def start(self) -> None:
         """Register the Consumer row and start the thread (once)."""
@@ -85,10 +89,10 @@ class Liveness:
             store.stop(self.consumer, processed=processed, failed=failed)
 
     def _run(self) -> None:
-        next_beat = next_rescue = next_purge = time.monotonic()
+        next_beat = next_rescue = next_purge = next_tick = time.monotonic()
         try:
             while not self.stopping.wait(
-                max(min(next_beat, next_rescue, next_purge) - time.monotonic(), 0)
+                max(min(next_beat, next_rescue, next_purge, next_tick) - time.monotonic(), 0)
             ):
                 now = time.monotonic()
                 forget_queries()
@@ -106,6 +110,8 @@ class Liveness:
                     next_beat = min(next_beat, now + RETRY_PAUSE)
                     next_rescue = min(next_rescue, now + RETRY_PAUSE)
                     continue
+                if now >= next_tick:
+                    next_tick = time.monotonic() + self._schedule_safely()
                 if now >= next_purge:
                     next_purge = now + conf.get("PURGE_INTERVAL")
                     until = min(next_beat, time.monotonic() + PURGE_RUN)
@@ -151,6 +157,19 @@ class Liveness:
         )
         if lost:
             logger.warning("released %d items claimed by a claim whose answer was lost", lost)
+
+    def _schedule_safely(self) -> float:
+        """Enqueue the due ticks of its queues' ``SCHEDULE`` entries; seconds until the
+        next. An error is logged and the look tried again soon: its ticks are not lost."""
+        try:
+            return self.scheduler.look([queue.name for queue in self.queues()])
+        except DatabaseError as exc:
+            logger.warning("schedule failed, will retry: %s", exc)
+            self.on_database_error()
+            return RETRY_PAUSE
+        except Exception as exc:  # a setting the system checks would refuse: not so often
+            logger.warning("schedule failed, will retry: %s", exc)
+            return float(conf.get("HEARTBEAT_INTERVAL"))
 
     def _purge_safely(self, until: float) -> bool:
         """``_purge``, with any error logged: purging is housekeeping, never a reason to

@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, suppress
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -29,7 +29,7 @@ from . import conf
 from . import retry as backoff
 from .db import dialect, dialect_for
 from .db.compiler import ClaimStatement, ClaimValues, sort_items
-from .db.inserts import inserts
+from .db.inserts import insert_or_ignore, inserts
 from .db.rows import has_field
 from .exceptions import QueueFull
 from .status import FINISHED, Status
@@ -236,6 +236,40 @@ def record_effect(model: type[Model], key: str, using: str) -> bool:
     except IntegrityError:
         return False
     return True
+
+
+# -- periodic items ------------------------------------------------------------------
+
+
+def enqueue_tick(
+    ticks: type[Model], name: str, tick: datetime, using: str, enqueue: Callable[[], Any]
+) -> Any | None:
+    """Record tick ``tick`` of schedule entry ``name`` and, if this call recorded it,
+    ``enqueue()`` its item (returning its primary key), in one transaction on ``using``:
+    the item exists exactly when its tick row does. Returns that key, or None when another
+    consumer had the tick.
+
+    The unique (name, tick) decides between consumers: an insert that would break it is
+    ignored (``insert_or_ignore``), so losing consumers log no error anywhere, and one
+    whose rival has not committed yet waits for it (row locks; SQLite's one writer) and
+    then finds the tick taken. A transaction refused by a conflict (Galera certifies
+    one of two nodes' rows) runs again, and then finds it taken too.
+    """
+
+    def run() -> Any | None:
+        with transaction.atomic(using=using):
+            if not insert_or_ignore(ticks(name=name, tick=tick), ["name", "tick"], using):
+                return None
+            pk = enqueue()
+            ticks._default_manager.using(using).filter(name=name, tick=tick).update(item_id=pk)
+            return pk
+
+    return retrying_conflicts(run, using)
+
+
+def trim_ticks(ticks: type[Model], name: str, before: datetime, using: str) -> int:
+    """Delete schedule entry ``name``'s tick rows older than ``before``; how many went."""
+    return delete_retrying(ticks._default_manager.using(using).filter(name=name, tick__lt=before))
 
 
 # -- claiming ------------------------------------------------------------------------

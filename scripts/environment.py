@@ -29,8 +29,8 @@ SYSTEM = {"browser": Path("/usr/bin/chromium")}
 
 def ensure(extras: list[str]) -> Path:
     """The environment's Python, with this checkout and its ``extras`` installed."""
-    if sys.version_info < (3, 10):
-        sys.exit(f"django-txqueue needs Python 3.10 or newer; this is {sys.version.split()[0]}.")
+    if sys.version_info < (3, 11):
+        sys.exit(f"django-txqueue needs Python 3.11 or newer; this is {sys.version.split()[0]}.")
     venv = Path(os.environ.get("TXQUEUE_VENV") or ROOT / ".venv")
     python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     if not python.exists():

@@ -15,7 +15,8 @@ from django.test.utils import override_settings
 
 import django_txqueue
 from django_txqueue import Queue, QueueFull, enqueue, on_commit, once, registry
-from django_txqueue.models import Consumer, Effect, QueueBound, QueueItem
+from django_txqueue.models import Consumer, Effect, QueueBound, QueueItem, ScheduleTick
+from django_txqueue.schedule import Scheduler
 from django_txqueue.worker import Worker
 from tests.testapp import calls
 
@@ -68,7 +69,8 @@ class WriteOrigins:
 
     def __init__(self):
         self.tables = {
-            model._meta.db_table.lower() for model in (QueueItem, Consumer, QueueBound, Effect)
+            model._meta.db_table.lower()
+            for model in (QueueItem, Consumer, QueueBound, Effect, ScheduleTick)
         }
         self.origins = set()
 
@@ -142,6 +144,13 @@ def test_only_the_store_writes_queue_rows(transactional_db, write_origins, setti
         assert queue.requeue_stuck() == 1
         assert QueueItem.objects.filter(queue="bounded").requeue() >= 1
         assert QueueItem.objects.filter(queue="fair").mark_failed("by hand") == 1
+        # Periodic items: ticks recorded with their items, old tick rows trimmed.
+        ticking = {"SCHEDULE": {"arch-tick": {"QUEUE": "arch", "EVERY": 1}}}
+        with override_settings(TXQUEUE={**settings.TXQUEUE, **ticking}):
+            scheduler = Scheduler("default")
+            scheduler.since["arch-tick"] = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=15)
+            scheduler.look(["arch"])
+        assert ScheduleTick.objects.count() < 15
         with override_settings(TXQUEUE={**settings.TXQUEUE, "RETENTION": 0}):
             assert Worker({"arch": handle}, burst=True).run() == 0
         finished_items("arch-purged", 2, ago=dt.timedelta(days=2))

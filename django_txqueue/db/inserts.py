@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from django.db import connections, models, transaction
 from django.db.models import Model
 from django.db.models.base import ModelState
+from django.db.models.constants import OnConflict
 from django.db.models.expressions import DatabaseDefault
 from django.db.models.fields import AutoFieldMixin
 from django.db.models.sql import InsertQuery
@@ -335,3 +336,23 @@ def inserts(model: type[M], alias: str) -> Inserts[M]:
     if key not in _inserts:
         _inserts[key] = Inserts(model, alias)
     return _inserts[key]
+
+
+def insert_or_ignore(instance: Model, fields: Sequence[str], alias: str) -> bool:
+    """INSERT ``instance``'s ``fields`` (the others take their column defaults) unless a
+    unique constraint already holds the row; True if this statement inserted it.
+
+    Django compiles each vendor's spelling (ON CONFLICT DO NOTHING, INSERT IGNORE, INSERT
+    OR IGNORE), as ``bulk_create(ignore_conflicts=True)`` would, but that hides the row
+    count, which is what tells whether this statement won. A conflict ignored raises
+    nothing, so no server logs an error for it either. MySQL's IGNORE also makes other
+    errors (a value too long) warnings: callers insert values checked beforehand.
+    """
+    model = type(instance)
+    query = InsertQuery(model, on_conflict=OnConflict.IGNORE)
+    columns = [field for field in model._meta.concrete_fields if field.name in fields]
+    query.insert_values(columns, [instance])
+    [(sql, params)] = query.get_compiler(using=alias).as_sql()
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount) == 1
