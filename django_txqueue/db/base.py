@@ -252,6 +252,8 @@ class Dialect:
             names = ["pk", "status", "lease_expires_at", "claim_token"]
             if has_field(model, "result"):
                 names += ["result", "finished_at"]
+            if has_field(model, "cancel_requested_at"):
+                names.append("cancel_requested_at")
             columns = {name: quoted_column(connection, model, name) for name in names}
             table = connection.ops.quote_name(model._meta.db_table)
             sql = self._ack_sql[key] = self.ack_update(
@@ -264,13 +266,18 @@ class Dialect:
     ) -> str:
         """The fenced acknowledgement's UPDATE.
 
-        Parameters: DONE, then (pk, result) pairs when ``results``, then ``pk_params`` of
-        the pks, then IN_PROGRESS and the claim token: only rows still held by that claim
-        change.
+        Parameters: DONE (and CANCELLED where the model has ``cancel_requested_at``), then
+        (pk, result) pairs when ``results``, then ``pk_params`` of the pks, then
+        IN_PROGRESS and the claim token: only rows still held by that claim change.
         ``columns`` maps field names to quoted columns; a model without ``result`` and
-        ``finished_at`` (a plain QueueModel) has neither set.
+        ``finished_at`` (a plain QueueModel) has neither set. A row whose cancellation was
+        requested before this acknowledgement ends CANCELLED: decided in the statement
+        itself, so a request racing the acknowledgement costs no read.
         """
-        pk, assignments = columns["pk"], [f"{columns['status']} = %s"]
+        status = "%s"
+        if "cancel_requested_at" in columns:
+            status = f"CASE WHEN {columns['cancel_requested_at']} IS NULL THEN %s ELSE %s END"
+        pk, assignments = columns["pk"], [f"{columns['status']} = {status}"]
         if "result" in columns:
             result = "CASE " + f"WHEN {pk} = %s THEN %s " * size + "END" if results else "NULL"
             assignments += [f"{columns['result']} = {result}", f"{columns['finished_at']} = {now}"]
