@@ -455,13 +455,13 @@ def retry(
         wait = to_timedelta(delay, "delay")
     else:
         wait = backoff.backoff(item.attempts, conf.get("RETRY_DELAY"), conf.get("RETRY_MAX_DELAY"))
-    return _change_if_held(
+    return _settle_if_held(
         item,
+        Status.READY,
         **UNCLAIMED,
         run_at=now_plus(wait),
         last_error=error or "",
         error_class=error_class,
-        **unless_cancelled(type(item), Status.READY),
     )
 
 
@@ -469,24 +469,20 @@ def fail(item: QueueModel, error: str | None = None, *, error_class: str = "") -
     """Mark the item FAILED (keeping ``error`` where the model has room for it)."""
     if not has_field(type(item), "last_error"):
         return _change_if_held(item, status=Status.FAILED, lease_expires_at=None)
-    return _change_if_held(
+    return _settle_if_held(
         item,
+        Status.FAILED,
+        finished_at=Now(),
         last_error=error or "",
         error_class=error_class,
         lease_expires_at=None,
-        **unless_cancelled(type(item), Status.FAILED, finished_at=Now()),
     )
 
 
 def release(item: QueueModel) -> bool:
     """Put the item back READY without counting the attempt (CANCELLED instead if its
     cancellation was requested: it is not to run again)."""
-    return _change_if_held(
-        item,
-        attempts=F("attempts") - 1,
-        **UNCLAIMED,
-        **unless_cancelled(type(item), Status.READY),
-    )
+    return _settle_if_held(item, Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
 
 
 def unless_cancelled(
@@ -522,6 +518,20 @@ def _holds_no_claim(item: QueueModel) -> bool:
     """Whether the item, as this process holds it, has no claim to settle: never claimed,
     or settled already through it. No query: the row may be settled (or purged) too."""
     return item.claim_token is None or item.status != Status.IN_PROGRESS
+
+
+def _settle_if_held(
+    item: QueueModel, status: int, *, finished_at: Any = None, **changes: Any
+) -> bool:
+    """``_change_if_held`` into ``status``, or CANCELLED if the row's cancellation was
+    requested (``unless_cancelled``). The instance then says what it knows: CANCELLED if
+    it knew of the request, else ``status``; the row, which decided, is the truth."""
+    settled = unless_cancelled(type(item), status, finished_at=finished_at)
+    if not _change_if_held(item, **changes, **settled):
+        return False
+    asked = item.__dict__.get("cancel_requested_at") is not None
+    item.status = Status.CANCELLED if asked else status
+    return True
 
 
 def _change_if_held(item: QueueModel, **changes: Any) -> bool:

@@ -191,7 +191,16 @@ def test_a_retry_after_the_request_settles_it_cancelled_not_ready(asked):
     assert store.retry(asked, "it raised", delay=0) is True
     row = assert_cancelled(asked)
     assert row.last_error == "it raised"
-    assert asked.status == Status.CANCELLED  # read back on access
+
+
+def test_an_instance_that_knows_of_the_request_says_cancelled_after_settling(queue):
+    queue.enqueue_many([{}, {}])
+    first, second = claimed(queue, 2)
+    first.cancel()
+    second.cancel()
+    assert first.ack() and first.status == Status.CANCELLED
+    assert store.retry(second, "it raised", delay=0) and second.status == Status.CANCELLED
+    assert stored(first).status == stored(second).status == Status.CANCELLED
 
 
 def test_a_failure_after_the_request_settles_it_cancelled(asked):
