@@ -355,7 +355,7 @@ def mark_done(item: QueueModel, result: Any = None) -> None:
     """Bring an acknowledged item's fields in line with its row: DONE, or CANCELLED if
     this instance knows of a cancellation request (one made after the last lease renewal
     read them settles the row CANCELLED too, but this instance still says DONE)."""
-    requested = getattr(item, "cancel_requested_at", None) is not None
+    requested = item.__dict__.get("cancel_requested_at") is not None  # no query if deferred
     item.status = Status.CANCELLED if requested else Status.DONE
     item.lease_expires_at = None
     if has_field(type(item), "result"):
@@ -393,8 +393,6 @@ def ack_statement(
     with_results = any(value is not None for value in results.values())
     # Plain ints: mysqlclient would quote a Status member as a string.
     params: list[Any] = [int(Status.DONE)]
-    if has_field(model, "cancel_requested_at"):
-        params.append(int(Status.CANCELLED))  # the other branch of the status CASE
     if with_results:
         field: Any = model._meta.get_field("result")
         for pk, value in results.items():
@@ -531,6 +529,8 @@ def _settle_if_held(
         return False
     asked = item.__dict__.get("cancel_requested_at") is not None
     item.status = Status.CANCELLED if asked else status
+    if not asked and finished_at is None and has_field(type(item), "finished_at"):
+        item.finished_at = None  # type: ignore[attr-defined]  # not finished, as it knows
     return True
 
 

@@ -19,6 +19,7 @@ from django.db import DatabaseError, Error, NotSupportedError
 
 from .. import conf
 from ..conf import STRATEGIES
+from ..status import Status
 from .rows import has_field, now_sql, quoted_column
 
 if TYPE_CHECKING:
@@ -266,17 +267,18 @@ class Dialect:
     ) -> str:
         """The fenced acknowledgement's UPDATE.
 
-        Parameters: DONE (and CANCELLED where the model has ``cancel_requested_at``), then
-        (pk, result) pairs when ``results``, then ``pk_params`` of the pks, then
-        IN_PROGRESS and the claim token: only rows still held by that claim change.
+        Parameters: DONE, then (pk, result) pairs when ``results``, then ``pk_params`` of
+        the pks, then IN_PROGRESS and the claim token: only rows still held by that claim
+        change.
         ``columns`` maps field names to quoted columns; a model without ``result`` and
         ``finished_at`` (a plain QueueModel) has neither set. A row whose cancellation was
         requested before this acknowledgement ends CANCELLED: decided in the statement
         itself, so a request racing the acknowledgement costs no read.
         """
         status = "%s"
-        if "cancel_requested_at" in columns:
-            status = f"CASE WHEN {columns['cancel_requested_at']} IS NULL THEN %s ELSE %s END"
+        if "cancel_requested_at" in columns:  # CANCELLED a constant: no parameter per call
+            requested = columns["cancel_requested_at"]
+            status = f"CASE WHEN {requested} IS NULL THEN %s ELSE {int(Status.CANCELLED)} END"
         pk, assignments = columns["pk"], [f"{columns['status']} = {status}"]
         if "result" in columns:
             result = "CASE " + f"WHEN {pk} = %s THEN %s " * size + "END" if results else "NULL"
