@@ -57,6 +57,7 @@ STATUS_COLOURS: dict[int, str] = {
     Status.IN_PROGRESS: "#d97706",
     Status.DONE: "#16a34a",
     Status.FAILED: "#dc2626",
+    Status.CANCELLED: "#6b7280",
 }
 STUCK_COLOUR = "#9333ea"
 
@@ -181,13 +182,14 @@ class QueueItemAdmin(QueueItemModelAdmin):
     # the unfiltered total beside a filtered one.
     paginator = EstimatedCountPaginator
     show_full_result_count = False
-    actions = ("requeue", "mark_failed", "delete_selected")
+    actions = ("requeue", "mark_failed", "cancel", "delete_selected")
     fields = (
         ("id", "queue", "status_label"),
         ("priority", "run_at", "created_at", "finished_at"),
         ("key", "dedup_key"),
         ("attempts", "max_attempts"),
         ("pid", "claimed_at", "lease_expires_at"),
+        "cancel_requested_at",
         "payload_pretty",
         "result_pretty",
         "error_class",
@@ -315,7 +317,11 @@ class QueueItemAdmin(QueueItemModelAdmin):
         selected, total = self._selection(queryset)
         census = self._census(selected)
         changed = selected.requeue()
-        left_alone = {"running": census["running"], "already done": census["done"]}
+        left_alone = {
+            "running": census["running"],
+            "already done": census["done"],
+            "cancelled": census["cancelled"],
+        }
         left_alone["held back by an unfinished item with the same dedup key"] = (
             total - changed - sum(left_alone.values())
         )
@@ -329,9 +335,24 @@ class QueueItemAdmin(QueueItemModelAdmin):
         changed = selected.mark_failed(f"marked failed in the admin by {request.user}")
         left_alone = {
             "running": census["running"],
-            "already finished": census["done"] + census["failed"],
+            "already finished": census["done"] + census["failed"] + census["cancelled"],
         }
         headline = f"Marked {changed} of {plural(total, 'selected item')} failed"
+        self._report(request, headline, total - changed, left_alone)
+
+    @admin.action(description="Cancel selected items", permissions=["change"])
+    def cancel(self, request: HttpRequest, queryset: QuerySet[QueueItem]) -> None:
+        """READY items end CANCELLED; running ones are asked to stop (``QueueItem.cancel``)."""
+        selected, total = self._selection(queryset)
+        census = self._census(selected)
+        changed = selected.cancel()
+        left_alone = {
+            "already finished": census["done"] + census["failed"] + census["cancelled"],
+            "asked to stop before": census["asked"],
+        }
+        headline = f"Cancelled {changed} of {plural(total, 'selected item')}"
+        if census["in_progress"] - census["asked"] > 0:
+            headline += " (running ones are asked to stop, and end cancelled when they do)"
         self._report(request, headline, total - changed, left_alone)
 
     def _selection(self, queryset: QuerySet[QueueItem]) -> tuple[QueueItemQuerySet, int]:
@@ -347,6 +368,11 @@ class QueueItemAdmin(QueueItemModelAdmin):
             stuck=Count("pk", filter=stuck_condition()),
             done=Count("pk", filter=Q(status=Status.DONE)),
             failed=Count("pk", filter=Q(status=Status.FAILED)),
+            cancelled=Count("pk", filter=Q(status=Status.CANCELLED)),
+            asked=Count(
+                "pk",
+                filter=Q(status=Status.IN_PROGRESS, cancel_requested_at__isnull=False),
+            ),
         )
         return {**counts, "running": counts["in_progress"] - counts["stuck"]}
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
 from django.db.transaction import TransactionManagementError
@@ -32,6 +32,9 @@ from .validation import (
     validate_run_at,
 )
 from .wakeup import wake_local_consumers
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
 
 T = TypeVar("T")
 
@@ -333,8 +336,20 @@ class Queue:
         """
         return self.items.requeue_stuck(fail=conf.queue_option(self.name, "RESCUE") == "fail")
 
+    def cancel(self, items: QuerySet[QueueItem] | None = None) -> int:
+        """Cancel ``items`` (a queryset of QueueItem; only this queue's are touched), or,
+        with None, every unfinished item of this queue, in one UPDATE: READY ones end
+        CANCELLED at once, IN_PROGRESS ones get a cancellation request their handlers see
+        with the next lease renewal. Returns how many changed."""
+        if items is None:
+            return self.items.cancel()
+        if items.model is not QueueItem:
+            raise TypeError(f"Queue.cancel() takes a queryset of QueueItem, not {items.model}")
+        return store.cancel(items.using(self.using).filter(queue=self.name))
+
     def purge(self, older_than: float | timedelta = timedelta(0)) -> int:
-        """Delete DONE and FAILED items finished over ``older_than`` ago, in small batches.
+        """Delete DONE, FAILED and CANCELLED items finished over ``older_than`` ago, in
+        small batches.
 
         Returns how many were deleted.
         """

@@ -90,6 +90,9 @@ STATUSES = {
     Status.IN_PROGRESS: "RUNNING",
     Status.DONE: "SUCCESSFUL",
     Status.FAILED: "FAILED",
+    # Django has no cancelled state. FAILED is the closest: final, it will not run and did
+    # not succeed. READY or RUNNING would keep a caller polling for it waiting for ever.
+    Status.CANCELLED: "FAILED",
 }
 
 
@@ -99,6 +102,11 @@ class ItemFailed(Exception):
     ``get_result`` names it when the item has no ``error_class``: a stuck item failed
     by a rescue (its consumer died or its lease ran out), or one failed by hand.
     """
+
+
+class ItemCancelled(Exception):
+    """The exception class ``get_result`` names for a cancelled item (reported FAILED,
+    Django's closest status) that recorded no error of its own."""
 
 
 class TxQueueBackend(BaseTaskBackend):
@@ -426,6 +434,9 @@ def worker_ids(item: QueueItem) -> list[str]:
 def task_errors(item: QueueItem) -> list[TaskError]:
     """The latest attempt's error, kept in ``last_error``, whatever the status now."""
     if not item.last_error and item.status != Status.FAILED:
+        if item.status == Status.CANCELLED:  # reported FAILED: say why
+            cancelled = f"{ItemCancelled.__module__}.{ItemCancelled.__qualname__}"
+            return [TaskError(exception_class_path=cancelled, traceback="cancelled")]
         return []
     unknown = f"{ItemFailed.__module__}.{ItemFailed.__qualname__}"
     path = reported_class(item.error_class or unknown)

@@ -4,11 +4,12 @@
   can tell this consumer is alive.
 - Lease renewal, on the same tick, for the items whose handlers are still within their
   queue's ``TIMEOUT``. The tick is also at most a third of the shortest lease this
-  consumer gives, so that no rescue takes an item from a live consumer.
+  consumer gives, so that no rescue takes an item from a live consumer. After it, one read
+  of which held items were asked to stop (``QueueItem.cancel_requested()``).
 - Rescue of the stuck items of its queues on a timer of its own, every
   ``RESCUE_INTERVAL`` from start-up: an item whose consumer died is READY again within
   its lease plus ``RESCUE_INTERVAL`` of the death, while any consumer of its queue runs.
-- Purge, every ``PURGE_INTERVAL`` from start-up, of its queues' DONE and FAILED items
+- Purge, every ``PURGE_INTERVAL`` from start-up, of its queues' DONE, FAILED and CANCELLED items
   finished over their ``RETENTION`` ago, and of the ``once()`` records older than the
   longest retention. One consumer of a database purges at a time (a lock it only tries,
   so the others skip), in batches, for at most ``PURGE_RUN`` and never past its next
@@ -101,6 +102,7 @@ class Liveness:
                         next_beat = now + self._tick()
                         self._beat()
                         self._renew_leases()
+                        self._read_cancel_requests()
                     if now >= next_rescue:
                         next_rescue = now + conf.get("RESCUE_INTERVAL")
                         self._rescue()
@@ -146,6 +148,16 @@ class Liveness:
             by_lease.setdefault(self._lease(item.queue), {})[item.pk] = item.claim_token  # type: ignore[assignment]
         for lease, tokens in by_lease.items():
             store.renew_leases(QueueItem, self.using, tokens, lease)
+
+    def _read_cancel_requests(self) -> None:
+        """After the renewal, one read of which held items were asked to stop; their
+        handlers' instances learn it (``QueueItem.cancel_requested()``), with no query
+        of theirs. Nothing held, nothing read."""
+        held = {item.pk: item for item, _ in self.held()}
+        tokens = {pk: item.claim_token for pk, item in held.items() if item.claim_token}
+        asked = QueueItem.objects.using(self.using).cancel_requests(tokens)
+        for pk, requested_at in asked.items():
+            held[pk].cancel_requested_at = requested_at
 
     def _rescue(self) -> None:
         rescued = sum(queue.requeue_stuck() for queue in self.queues())

@@ -33,6 +33,7 @@ __all__ = [
     "NotNullIndex",
     "PartialIndex",
     "PartialOnlyIndex",
+    "PartialStatusIndex",
     "QueueBound",
     "QueueItem",
     "QueueModel",
@@ -109,6 +110,16 @@ class StatusIndex(PartialIndex):
 
     def plain_fields(self) -> list[str]:
         return ["status", *self.fields]
+
+
+class PartialStatusIndex(StatusIndex):
+    """A ``StatusIndex`` only where the database has partial indexes. Where it has none
+    (MySQL, MariaDB) no index is made: another status-led index there, over every row,
+    serves the same reads (the FAILED one, led by (status, queue)), and one more would
+    cost every item's enqueue, claim and acknowledgement."""
+
+    def plain_fields(self) -> None:  # type: ignore[override]
+        return None
 
 
 class NotNullIndex(PartialIndex):
@@ -329,8 +340,26 @@ class QueueItemQuerySet(QueueQuerySet["QueueItem"]):
         return store.fail_many(self, stuck=stuck_condition(), error=error)
 
     def delete_finished(self) -> int:
-        """Delete the DONE and FAILED items among these; returns how many."""
+        """Delete the DONE, FAILED and CANCELLED items among these; returns how many."""
         return store.delete_finished(self)
+
+    def cancel(self) -> int:
+        """Cancel these items in one UPDATE: READY ones end CANCELLED at once, IN_PROGRESS
+        ones get a cancellation request (``QueueItem.cancel``); returns how many changed."""
+        return store.cancel(self)
+
+    def cancel_requests(self, held: dict[Any, int]) -> dict[Any, Any]:
+        """``{pk: cancel_requested_at}`` of the items ``held`` (``{pk: claim_token}``) that
+        are still IN_PROGRESS under that claim and were asked to stop: one read through
+        the IN_PROGRESS claim-token index."""
+        if not held:
+            return {}
+        asked = self.filter(
+            status=Status.IN_PROGRESS,
+            claim_token__in=set(held.values()),
+            cancel_requested_at__isnull=False,
+        ).values_list("pk", "claim_token", "cancel_requested_at")
+        return {pk: at for pk, token, at in asked if held.get(pk) == token}
 
 
 class QueueItem(QueueModel):
@@ -414,6 +443,10 @@ class QueueItem(QueueModel):
             NotNullIndex(fields=["dedup_key"], name="txqueue_item_dedup_key"),
             NotNullIndex(fields=["finished_at"], name="txqueue_item_finished"),
             StatusIndex(status=Status.FAILED, fields=["queue"], name="txqueue_item_failed"),
+            # The CANCELLED filter and per-queue counts, as for FAILED.
+            PartialStatusIndex(
+                status=Status.CANCELLED, fields=["queue"], name="txqueue_item_cancelled"
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -439,6 +472,19 @@ class QueueItem(QueueModel):
         Once ``max_attempts`` claims have been spent it ends FAILED with ``error`` instead.
         """
         return store.retry(self, error, delay)
+
+    def cancel(self) -> bool:
+        """Cancel this item: READY, it ends CANCELLED at once; IN_PROGRESS, it gets a
+        cancellation request that its handler can poll (``cancel_requested()``), and
+        settles CANCELLED when the handler returns or raises. Returns whether it changed:
+        False for a finished item, or one whose cancellation was requested already."""
+        return store.cancel_item(self)
+
+    def cancel_requested(self) -> bool:
+        """Whether this item was asked to stop. No query: a consumer reads the requests
+        for the items it runs with each lease renewal (every heartbeat), and ``cancel()``
+        on this instance sets it at once."""
+        return self.cancel_requested_at is not None
 
 
 class QueuePause(models.Model):

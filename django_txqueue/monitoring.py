@@ -44,6 +44,7 @@ class QueueRow:
     ready: int = 0
     in_progress: int = 0
     failed: int = 0
+    cancelled: int = 0
     stuck: int = 0
     oldest_ready: dt.timedelta | None = None
     consumers: int = 0
@@ -96,6 +97,7 @@ def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
         Status.READY: "ready",
         Status.IN_PROGRESS: "in_progress",
         Status.FAILED: "failed",
+        Status.CANCELLED: "cancelled",
     }
     counts = items.order_by().filter(any_status(*columns)).values("queue", "status")
     for count in counts.annotate(n=Count("pk")):
@@ -158,6 +160,8 @@ def last_hour(items: QuerySet[QueueItem], row: Callable[[str], QueueRow]) -> lis
         .annotate(n=Count("pk"))
     )
     for group in finished:
+        if group["status"] == Status.CANCELLED:
+            continue  # neither done nor failed: the dashboard counts them apart
         n, done = group["n"], group["status"] == Status.DONE
         queue = row(group["queue"])
         queue.done_last_hour += n if done else 0
@@ -233,11 +237,11 @@ def queue_stats(name: str, items: QueueItemQuerySet) -> dict[str, Any]:
     waited, whether the queue is paused, and for a fair or ordered queue ``keys_waiting``
     and ``top_keys``.
 
-    Never reads all the finished rows: READY, IN_PROGRESS and FAILED items are counted
-    exactly from their indexes; DONE items exactly up to ``EXACT_DONE_UP_TO``, past that
-    the planner's estimate stands (PostgreSQL, MySQL).
+    Never reads all the finished rows: READY, IN_PROGRESS, FAILED and CANCELLED items are
+    counted exactly from their indexes; DONE items exactly up to ``EXACT_DONE_UP_TO``, past
+    that the planner's estimate stands (PostgreSQL, MySQL).
     """
-    indexed = any_status(Status.READY, Status.IN_PROGRESS, Status.FAILED)
+    indexed = any_status(Status.READY, Status.IN_PROGRESS, Status.FAILED, Status.CANCELLED)
     counts = items.order_by().filter(indexed).values("status").annotate(n=Count("pk"))
     by_status = {row["status"]: row["n"] for row in counts}
     done = items.filter(status=Status.DONE)
@@ -251,6 +255,7 @@ def queue_stats(name: str, items: QueueItemQuerySet) -> dict[str, Any]:
         "in_progress": by_status.get(Status.IN_PROGRESS, 0),
         "done": by_status.get(Status.DONE, 0),
         "failed": by_status.get(Status.FAILED, 0),
+        "cancelled": by_status.get(Status.CANCELLED, 0),
         "stuck": items.stuck().count(),
         "oldest_ready_age_s": max(waited.total_seconds(), 0.0) if waited else 0.0,
         "paused": QueuePause.objects.using(items.db).filter(queue=name).exists(),

@@ -9,6 +9,7 @@ works for any ``QueueModel`` and imports no models itself.
 
 from __future__ import annotations
 
+import operator
 import os
 import random
 import secrets
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, suppress
 from datetime import datetime, timedelta
-from functools import partial
+from functools import partial, reduce
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from django.db import DatabaseError, IntegrityError, connections, models, transaction
@@ -385,15 +386,20 @@ def ack(item: QueueModel, result: Any = None) -> bool:
 
 
 def mark_done(item: QueueModel, result: Any = None) -> None:
-    """Bring an acknowledged item's fields in line with its row."""
-    item.status, item.lease_expires_at = Status.DONE, None
+    """Bring an acknowledged item's fields in line with its row: DONE, or CANCELLED if
+    this instance knows of a cancellation request (one made after the last lease renewal
+    read them settles the row CANCELLED too, but this instance still says DONE)."""
+    requested = item.__dict__.get("cancel_requested_at") is not None  # no query if deferred
+    item.status = Status.CANCELLED if requested else Status.DONE
+    item.lease_expires_at = None
     if has_field(type(item), "result"):
         item.result = result  # type: ignore[attr-defined]
         item.__dict__.pop("finished_at", None)  # set by the database clock: load on access
 
 
 def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any, Any]) -> int:
-    """Mark DONE, in one fenced UPDATE, items of one claim: ``{pk: result}``.
+    """Mark DONE, in one fenced UPDATE, items of one claim: ``{pk: result}``; those whose
+    cancellation was requested meanwhile CANCELLED (``Dialect.ack_update``).
 
     Only rows still IN_PROGRESS under ``claim_token`` change; returns how many did.
     """
@@ -481,10 +487,10 @@ def retry(
         wait = to_timedelta(delay, "delay")
     else:
         wait = backoff.backoff(item.attempts, conf.get("RETRY_DELAY"), conf.get("RETRY_MAX_DELAY"))
-    return _change_if_held(
+    return _settle_if_held(
         item,
+        Status.READY,
         **UNCLAIMED,
-        status=Status.READY,
         run_at=now_plus(wait),
         last_error=error or "",
         error_class=error_class,
@@ -495,25 +501,71 @@ def fail(item: QueueModel, error: str | None = None, *, error_class: str = "") -
     """Mark the item FAILED (keeping ``error`` where the model has room for it)."""
     if not has_field(type(item), "last_error"):
         return _change_if_held(item, status=Status.FAILED, lease_expires_at=None)
-    return _change_if_held(
+    return _settle_if_held(
         item,
-        status=Status.FAILED,
+        Status.FAILED,
+        finished_at=Now(),
         last_error=error or "",
         error_class=error_class,
-        finished_at=Now(),
         lease_expires_at=None,
     )
 
 
 def release(item: QueueModel) -> bool:
-    """Put the item back READY without counting the attempt."""
-    return _change_if_held(item, status=Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
+    """Put the item back READY without counting the attempt (CANCELLED instead if its
+    cancellation was requested: it is not to run again)."""
+    return _settle_if_held(item, Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
+
+
+def unless_cancelled(
+    model: type[Model], status: int, *, finished_at: Any = None
+) -> dict[str, Any]:
+    """The changes that settle a held item in ``status`` (``finished_at`` with it, where
+    the model keeps one), or in CANCELLED, finished now, if its cancellation was requested:
+    decided in the UPDATE itself, from the row. A model without ``cancel_requested_at``
+    (a plain QueueModel) just takes ``status``."""
+    if not has_field(model, "cancel_requested_at"):
+        return (
+            {"status": status}
+            if finished_at is None
+            else {"status": status, "finished_at": finished_at}
+        )
+    requested = Q(cancel_requested_at__isnull=False)
+    # finished_at first: MySQL assigns left to right, and neither reads status anyway.
+    return {
+        "finished_at": Case(
+            When(requested, then=Now()),
+            default=finished_at if finished_at is not None else F("finished_at"),
+            output_field=models.DateTimeField(),
+        ),
+        "status": Case(
+            When(requested, then=Value(int(Status.CANCELLED))),
+            default=Value(int(status)),
+            output_field=models.PositiveSmallIntegerField(),
+        ),
+    }
 
 
 def _holds_no_claim(item: QueueModel) -> bool:
     """Whether the item, as this process holds it, has no claim to settle: never claimed,
     or settled already through it. No query: the row may be settled (or purged) too."""
     return item.claim_token is None or item.status != Status.IN_PROGRESS
+
+
+def _settle_if_held(
+    item: QueueModel, status: int, *, finished_at: Any = None, **changes: Any
+) -> bool:
+    """``_change_if_held`` into ``status``, or CANCELLED if the row's cancellation was
+    requested (``unless_cancelled``). The instance then says what it knows: CANCELLED if
+    it knew of the request, else ``status``; the row, which decided, is the truth."""
+    settled = unless_cancelled(type(item), status, finished_at=finished_at)
+    if not _change_if_held(item, **changes, **settled):
+        return False
+    asked = item.__dict__.get("cancel_requested_at") is not None
+    item.status = Status.CANCELLED if asked else status
+    if not asked and finished_at is None and has_field(type(item), "finished_at"):
+        item.finished_at = None  # type: ignore[attr-defined]  # not finished, as it knows
+    return True
 
 
 def _change_if_held(item: QueueModel, **changes: Any) -> bool:
@@ -531,6 +583,46 @@ def _change_if_held(item: QueueModel, **changes: Any) -> bool:
             setattr(item, name, value)
         defer_computed(item)
     return bool(changed)
+
+
+# -- cancelling ----------------------------------------------------------------------
+
+
+def cancel(items: QuerySet[Any]) -> int:
+    """Cancel ``items`` (QueueItem's) in one UPDATE: the READY ones end CANCELLED at once,
+    finished now; the IN_PROGRESS ones not asked before get a cancellation request, which
+    their handlers see with the next lease renewal (``cancel_requested()``) and which
+    settles them CANCELLED. Finished items are left alone. Returns how many changed."""
+    ready = Q(status=Status.READY)
+    asked = Q(status=Status.IN_PROGRESS, cancel_requested_at__isnull=True)
+    rows = items.order_by().filter(ready | asked)
+    # status last: MySQL assigns left to right, and finished_at reads the status as it was.
+    return update_retrying(
+        rows,
+        cancel_requested_at=Now(),
+        finished_at=Case(
+            When(ready, then=Now()),
+            default=F("finished_at"),
+            output_field=models.DateTimeField(),
+        ),
+        status=Case(
+            When(ready, then=Value(int(Status.CANCELLED))),
+            default=F("status"),
+            output_field=models.PositiveSmallIntegerField(),
+        ),
+    )
+
+
+def cancel_item(item: QueueItem) -> bool:
+    """``cancel`` of one item; if it changed, the instance's status, finish time and
+    request time are read back (it may have been READY or IN_PROGRESS by then)."""
+    alias = item._state.db or "default"
+    one = type(item)._base_manager.using(alias).filter(pk=item.pk)
+    if not cancel(one):
+        return False
+    with suppress(type(item).DoesNotExist):  # purged meanwhile: cancelled all the same
+        item.refresh_from_db(using=alias, fields=["status", "finished_at", "cancel_requested_at"])
+    return True
 
 
 # -- leases and rescue ---------------------------------------------------------------
@@ -561,11 +653,21 @@ def _rescue(stuck: QuerySet[Any], fail: bool) -> int:
         return stuck.update(**UNCLAIMED, status=Status.READY)
     failing = Q(pk__isnull=False) if fail else Q(attempts__gte=F("max_attempts"))
     reason = "stuck: lease expired or consumer died" + ("" if fail else ", attempts spent")
+    endings = [When(failing, then=Value(Status.FAILED))]
+    if has_field(stuck.model, "cancel_requested_at"):
+        # Asked to stop: it is not run again, it ends CANCELLED (its error untouched).
+        cancelled = Q(cancel_requested_at__isnull=False)
+        failing &= ~cancelled
+        endings = [
+            When(cancelled, then=Value(Status.CANCELLED)),
+            When(failing, then=Value(Status.FAILED)),
+        ]
+    ending = reduce(operator.or_, (when.condition for when in endings))
     return stuck.update(
         **UNCLAIMED,
-        status=Case(When(failing, then=Value(Status.FAILED)), default=Value(Status.READY)),
+        status=Case(*endings, default=Value(Status.READY)),
         finished_at=Case(
-            When(failing, then=Now()), default=None, output_field=models.DateTimeField()
+            When(ending, then=Now()), default=None, output_field=models.DateTimeField()
         ),
         last_error=Case(
             When(failing, then=Value(reason)),
@@ -589,7 +691,14 @@ def requeue(items: QuerySet[Any], *, stuck: Q) -> int:
     refuses it): FAILED items with a dedup_key go one by one, so one refusal stops no other.
     """
     allowed = items.order_by().filter(Q(status__in=(Status.READY, Status.FAILED)) | stuck)
-    changes = {**UNCLAIMED, "status": Status.READY, "run_at": Now(), "finished_at": None}
+    # A stuck item's cancellation request goes: requeueing it is the later decision.
+    changes = {
+        **UNCLAIMED,
+        "status": Status.READY,
+        "run_at": Now(),
+        "finished_at": None,
+        "cancel_requested_at": None,
+    }
     plain = allowed.exclude(status=Status.FAILED, dedup_key__isnull=False)
     changed = update_retrying(plain, **changes)
     holding_keys = allowed.filter(status=Status.FAILED, dedup_key__isnull=False)
@@ -620,7 +729,7 @@ def fail_many(items: QuerySet[Any], *, stuck: Q, error: str) -> int:
 
 
 def delete_finished(items: QuerySet[Any]) -> int:
-    """Delete the DONE and FAILED ``items``; returns how many."""
+    """Delete the DONE, FAILED and CANCELLED ``items``; returns how many."""
     return delete_retrying(items.order_by().filter(status__in=FINISHED))
 
 
@@ -645,11 +754,14 @@ def release_lost(
         .filter(status=Status.IN_PROGRESS, pid=pid, claimed_at__lt=Now() - claimed_before)
         .exclude(pk__in=list(held))
     )
-    return update_retrying(lost, status=Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
+    return update_retrying(
+        lost, attempts=F("attempts") - 1, **UNCLAIMED, **unless_cancelled(model, Status.READY)
+    )
 
 
 def purge(items: QuerySet[Any], older_than: timedelta, *, until: float | None = None) -> int:
-    """Delete DONE and FAILED ``items`` finished over ``older_than`` ago, in small batches.
+    """Delete DONE, FAILED and CANCELLED ``items`` finished over ``older_than`` ago, in
+    small batches.
 
     Each batch is its own short statement, so a purge of millions of rows never holds
     locks for long. Returns how many were deleted.

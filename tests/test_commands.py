@@ -57,6 +57,7 @@ def parse_table(output):
         "in progress",
         "done",
         "failed",
+        "cancelled",
         "stuck",
         "oldest ready age (s)",
     ]
@@ -101,7 +102,14 @@ class TestStats:
         assert list(table) == ["alpha", "beta"]
         alpha = numbers(table["alpha"])
         age = alpha.pop("oldest ready age (s)")
-        assert alpha == {"ready": 2, "in progress": 1, "done": 1, "failed": 1, "stuck": 1}
+        assert alpha == {
+            "ready": 2,
+            "in progress": 1,
+            "done": 1,
+            "failed": 1,
+            "cancelled": 0,
+            "stuck": 1,
+        }
         assert 3590 <= age <= 3700
         assert re.fullmatch(r"\d+\.\d", table["alpha"]["oldest ready age (s)"])
         assert numbers(table["beta"]) == {
@@ -109,6 +117,7 @@ class TestStats:
             "in progress": 0,
             "done": 0,
             "failed": 0,
+            "cancelled": 0,
             "stuck": 0,
             "oldest ready age (s)": 0.0,
         }

@@ -52,9 +52,14 @@ from django_txqueue import Queue, QueueFull, QueueItem, Status, enqueue, enqueue
 from django_txqueue.models import QueueBound, QueuePause
 
 from .helpers import expire, strategies
+from .test_liveness import liveness
 
 READY, IN_PROGRESS, DONE, FAILED = Status.READY, Status.IN_PROGRESS, Status.DONE, Status.FAILED
-FINISHED = (DONE, FAILED)
+CANCELLED = Status.CANCELLED
+FINISHED = (DONE, FAILED, CANCELLED)
+
+# A fair queue's served items: a cancelled one is not (README, "Cancelling items").
+SERVED = (IN_PROGRESS, DONE, FAILED)
 
 HOUR = dt.timedelta(hours=1)
 # One passing of time: past every lease (300 s by default), every delay the test asks
@@ -100,6 +105,7 @@ MAX_ATTEMPTS = [None, 1, 2]
 SCHEDULES = ["now", "now", "past", "delay", "later"]
 SETTLEMENTS = ["ack", "retry", "retry later", "retry backoff", "fail", "release"]
 RESCUES = ["Queue.requeue_stuck", "command", "command all"]
+CANCELS = ["Queue.cancel", "QueueItem.cancel", "a handler's own item"]
 OPTIONS = st.fixed_dictionaries(
     {
         "priority": st.sampled_from(PRIORITIES),
@@ -147,6 +153,7 @@ class Item:
     claim: int | None = None  # the claim (a serial of ours) holding it
     lease_expired: bool = False
     old: bool = False  # finished before the last passing of time
+    cancel_requested: bool = False  # asked to stop while running
 
     @property
     def unfinished(self) -> bool:
@@ -176,12 +183,36 @@ class Item:
         self.attempts += 1
 
     def ready_again(self, *, due: bool = True, run_at_changes: bool = False) -> None:
-        self.status, self.claim, self.lease_expired, self.due = READY, None, False, due
+        """READY again; an item asked to stop ends CANCELLED instead (README, "Cancelling
+        items"), but for the admin's requeue, which drops the request (``requeued``)."""
         if run_at_changes:
             self.run_at = None
+        if self.cancel_requested:
+            self.finished(CANCELLED)
+            return
+        self.status, self.claim, self.lease_expired, self.due = READY, None, False, due
 
     def finished(self, status: int) -> None:
+        """Settled in ``status``; an item asked to stop settles CANCELLED, however."""
+        if self.cancel_requested:
+            status = CANCELLED
         self.status, self.claim, self.lease_expired, self.old = status, None, False, False
+
+    def requeued(self) -> None:
+        """The admin's requeue: READY and due now, any cancellation request dropped."""
+        self.cancel_requested = False
+        self.ready_again(run_at_changes=True)
+        self.old = False
+
+    def cancel(self) -> bool:
+        """READY: CANCELLED at once. Running and not asked yet: asked. Else nothing."""
+        if self.status == READY:
+            self.finished(CANCELLED)
+            return True
+        if self.status == IN_PROGRESS and not self.cancel_requested:
+            self.cancel_requested = True
+            return True
+        return False
 
 
 class Model:
@@ -209,7 +240,7 @@ class Model:
         """A fair queue's next round for ``key``: after the last round served (the highest
         of an item that left READY), or after the key's newest waiting item's."""
         items = self.of(queue)
-        served = max((i.round for i in items if i.status != READY), default=0)
+        served = max((i.round for i in items if i.status in SERVED), default=0)
         waiting = max((i.round for i in items if i.key == key and i.status == READY), default=0)
         return max(served, waiting) + 1
 
@@ -254,6 +285,7 @@ class Model:
             "in_progress": sum(i.status == IN_PROGRESS for i in items),
             "done": sum(i.status == DONE for i in items),
             "failed": sum(i.status == FAILED for i in items),
+            "cancelled": sum(i.status == CANCELLED for i in items),
             "stuck": sum(i.stuck for i in items),
         }
 
@@ -365,7 +397,7 @@ class QueueMachine(RuleBasedStateMachine):
         produce = {"even": 3, "producers ahead": 6, "consumers ahead": 1}[self.pace]
         steps = ["enqueue"] * produce + ["enqueue_many"] * max(produce // 2, 1)
         if items:
-            steps += ["claim"] * 3 + ["dequeue", "requeue", "mark failed"]
+            steps += ["claim"] * 3 + ["dequeue", "requeue", "mark failed", "cancel"]
         if self.handles:  # live claims settle more often than stale ones
             steps += ["ack_and_claim"] + ["settle"] * (4 if self.live_handles() else 1)
         if any(i.timely() for i in items):
@@ -453,13 +485,20 @@ class QueueMachine(RuleBasedStateMachine):
         assert self.queue(name).resume() is True
         self.model.paused.discard(name)
 
-    # Cancel (DESIGN section 10, third round) does not exist yet. When it does, add it
-    # to actions() with a ``*_step`` method:
-    # - "cancel": QueueItem.cancel() on READY items and on live and stale claims, and
-    #   Queue.cancel(...); the model's item becomes CANCELLED, final like DONE (never
-    #   claimed again, purged like DONE, its dedup key free, out of MAX_SIZE), and
-    #   cancel_requested() is checked on a running item;
-    # - Model.counts() and check_reads() count CANCELLED (under the stats key it gets).
+    def cancel_step(self, data):
+        how = data.draw(st.sampled_from(CANCELS), label="cancel")
+        if how == "Queue.cancel" or not self.handles:
+            name = self.draw_queue(data)
+            self.cancel_many(name, *self.draw_selection(data, name))
+        elif how == "QueueItem.cancel":
+            items = sorted(self.model.items.values(), key=Item.by_pk)
+            self.cancel_one(data.draw(st.sampled_from(items), label="item"))
+        else:  # on a claimed item: the handler's own instance, its claim live or stale
+            live = self.live_handles()
+            stale = not live or data.draw(st.integers(0, 3), label="a stale claim if 0") == 0
+            pool = self.handles if stale else live
+            handle, _, _ = data.draw(st.sampled_from(pool), label="claimed")
+            self.cancel_claimed(handle)
 
     # -- producing -------------------------------------------------------------------
 
@@ -619,6 +658,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.touched.add(handle.queue)
         item = self.model.holds(handle.pk, serial)
         taken_over = item is None and (handle, serial, token) in self.taken_over_handles()
+        if item is not None and item.cancel_requested:
+            note(f"settle: {how} after a cancellation request")
         if how == "ack":
             changed = handle.ack({"n": handle.payload["n"]})
             if item:
@@ -707,8 +748,7 @@ class QueueMachine(RuleBasedStateMachine):
         plain = [i for i in chosen if i.status == READY or i.stuck]
         plain += [i for i in chosen if i.status == FAILED and i.dedup_key is None]
         for item in plain:
-            item.ready_again(run_at_changes=True)
-            item.old = False
+            item.requeued()
         changed = selection.requeue()
         # Of the FAILED items that share a free dedup key, one goes back: which one is the
         # database's choice, read back.
@@ -720,8 +760,7 @@ class QueueMachine(RuleBasedStateMachine):
                 assert back == [], "a held dedup key keeps its FAILED items FAILED"
                 continue
             assert len(back) == 1, "one FAILED item takes back a free dedup key"
-            back[0].ready_again(run_at_changes=True)
-            back[0].old = False
+            back[0].requeued()
             won += 1
         assert changed == len(plain) + won
         note(f"requeue: {'some' if changed else 'none'} changed")
@@ -734,11 +773,58 @@ class QueueMachine(RuleBasedStateMachine):
         finished ones stay as they are."""
         failing = [item for item in chosen if item.status == READY or item.stuck]
         for item in failing:
+            item.cancel_requested = False  # the admin's verdict stands: FAILED
             item.finished(FAILED)
         assert selection.mark_failed("model") == len(failing)
 
+    def cancel_many(self, name, chosen, selection):
+        """Queue.cancel: of everything unfinished (None), or of a selection, in one UPDATE;
+        then the handlers of the live claims learn of the requests with their consumer's
+        lease renewal."""
+        expected = sum(item.cancel() for item in chosen)
+        whole = len(chosen) == len(self.model.of(name))
+        changed = self.queue(name).cancel(None if whole else selection)
+        assert changed == expected, "READY items end, running ones are asked, once"
+        note(f"cancel: Queue.cancel {'all' if whole else 'some'}, {changed} changed")
+        self.check_requests_reach_the_handlers()
+
+    def cancel_one(self, item):
+        """QueueItem.cancel through a fresh copy of the row, as another process would."""
+        self.touched.add(item.queue)
+        expected = item.cancel()
+        assert QueueItem.objects.get(pk=item.pk).cancel() == expected
+        note(f"cancel: QueueItem.cancel {'changed' if expected else 'nothing'}")
+        self.check_requests_reach_the_handlers()
+
+    def cancel_claimed(self, handle):
+        """QueueItem.cancel on a handler's own instance: the item, whatever claim holds it
+        now (a stale claim's instance cancels the row as it is); a live claim's instance
+        knows of the request at once, with no query."""
+        self.touched.add(handle.queue)
+        item = self.model.items.get(handle.pk)  # None: purged
+        expected = item is not None and item.cancel()
+        assert handle.cancel() == expected
+        live = any(h is handle for h, _, _ in self.live_handles())
+        if live:
+            assert handle.cancel_requested()
+        note(f"cancel: a handler's own item, {'live' if live else 'stale'}")
+        self.check_requests_reach_the_handlers()
+
+    def check_requests_reach_the_handlers(self):
+        """One read with the lease renewal tells each live claim's instance whether it was
+        asked to stop (``cancel_requested()``, itself no query)."""
+        live = self.live_handles()
+        liveness(
+            *self.queues, held=lambda: [(handle, None) for handle, _, _ in live]
+        )._read_cancel_requests()
+        for handle, serial, _ in live:
+            item = self.model.holds(handle.pk, serial)
+            assert item is not None
+            assert handle.cancel_requested() == item.cancel_requested, f"item {handle.pk}"
+
     def purge(self, name):
-        """DONE and FAILED items finished before the last passing of time are deleted."""
+        """DONE, FAILED and CANCELLED items finished before the last passing of time are
+        deleted."""
         old = [item for item in self.model.of(name) if item.status in FINISHED and item.old]
         for item in old:
             del self.model.items[item.pk]

@@ -19,6 +19,7 @@ from django.db import DatabaseError, Error, NotSupportedError
 
 from .. import conf
 from ..conf import STRATEGIES
+from ..status import Status
 from .rows import has_field, now_sql, quoted_column
 
 if TYPE_CHECKING:
@@ -257,6 +258,8 @@ class Dialect:
             names = ["pk", "status", "lease_expires_at", "claim_token"]
             if has_field(model, "result"):
                 names += ["result", "finished_at"]
+            if has_field(model, "cancel_requested_at"):
+                names.append("cancel_requested_at")
             columns = {name: quoted_column(connection, model, name) for name in names}
             table = connection.ops.quote_name(model._meta.db_table)
             sql = self._ack_sql[key] = self.ack_update(
@@ -273,9 +276,15 @@ class Dialect:
         the pks, then IN_PROGRESS and the claim token: only rows still held by that claim
         change.
         ``columns`` maps field names to quoted columns; a model without ``result`` and
-        ``finished_at`` (a plain QueueModel) has neither set.
+        ``finished_at`` (a plain QueueModel) has neither set. A row whose cancellation was
+        requested before this acknowledgement ends CANCELLED: decided in the statement
+        itself, so a request racing the acknowledgement costs no read.
         """
-        pk, assignments = columns["pk"], [f"{columns['status']} = %s"]
+        status = "%s"
+        if "cancel_requested_at" in columns:  # CANCELLED a constant: no parameter per call
+            requested = columns["cancel_requested_at"]
+            status = f"CASE WHEN {requested} IS NULL THEN %s ELSE {int(Status.CANCELLED)} END"
+        pk, assignments = columns["pk"], [f"{columns['status']} = {status}"]
         if "result" in columns:
             result = "CASE " + f"WHEN {pk} = %s THEN %s " * size + "END" if results else "NULL"
             assignments += [f"{columns['result']} = {result}", f"{columns['finished_at']} = {now}"]

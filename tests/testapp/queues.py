@@ -91,3 +91,17 @@ def timed(item):
 def soak(item):
     """benchmarks/soak.py: when the handler started, against the enqueue time it carries."""
     return {"started": time.time()}
+
+
+@handler("cancellable")
+def cancellable(item):
+    """Works for up to ``seconds`` (default 30), polling its cancellation request as a long
+    handler should; returns "stopped" when asked, else "finished"."""
+    Run.objects.create(item_id=item.pk, consumer=item.pid)
+    options = item.payload if isinstance(item.payload, dict) else {}
+    deadline = time.monotonic() + options.get("seconds", 30)
+    while time.monotonic() < deadline:
+        if item.cancel_requested():
+            return "stopped"
+        time.sleep(0.02)
+    return "finished"

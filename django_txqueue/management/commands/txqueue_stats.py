@@ -15,6 +15,7 @@ COLUMNS = (
     ("in_progress", "in progress"),
     ("done", "done"),
     ("failed", "failed"),
+    ("cancelled", "cancelled"),
     ("stuck", "stuck"),
     ("oldest_ready_age_s", "oldest ready age (s)"),
 )
