@@ -155,7 +155,7 @@ def last_hour(items: QuerySet[QueueItem], row: Callable[[str], QueueRow]) -> lis
     finished = (
         items.order_by()
         .filter(finished_at__gte=first, status__in=FINISHED)
-        .annotate(minute=TruncMinute("finished_at", tzinfo=dt.timezone.utc))
+        .annotate(minute=TruncMinute("finished_at", tzinfo=dt.UTC))
         .values("queue", "minute", "status")
         .annotate(n=Count("pk"))
     )

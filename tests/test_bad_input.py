@@ -44,7 +44,7 @@ def test_a_10_mb_payload_goes_through_whole():
 
 
 def test_the_end_of_time_is_a_valid_run_at_and_is_never_due(db):
-    end = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.timezone.utc)
+    end = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)
     item = Queue("later").enqueue({}, run_at=end)
     assert QueueItem.objects.get(pk=item.pk).run_at == end
     assert Queue("later").claim(5) == []
@@ -130,7 +130,7 @@ def command(name, *args):
     return lambda running: call_command(name, *args, verbosity=0)
 
 
-AWARE = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+AWARE = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 BAD_CALLS = [
     # (case, call, exception, message)
     ("payload object", lambda r: enqueue("m", object()), TypeError, "object"),

@@ -8,7 +8,7 @@ from django_txqueue.monitoring import Minute
 
 
 class TestThroughputChart:
-    START = dt.datetime(2030, 1, 2, 3, 0, tzinfo=dt.timezone.utc)
+    START = dt.datetime(2030, 1, 2, 3, 0, tzinfo=dt.UTC)
 
     def minutes(self, *counts):
         return [

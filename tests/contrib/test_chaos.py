@@ -13,7 +13,7 @@ from django_txqueue.contrib.chaos.models import ChaosRun
 from django_txqueue.contrib.chaos.verify import History, Run, audit
 from tests.helpers import child_env
 
-T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def at(seconds):

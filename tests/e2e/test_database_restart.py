@@ -109,7 +109,7 @@ def back_off_over(output: str) -> bool:
         return True
     logged, seconds = found[-1]
     # The consumer logs local time, and Django's TIME_ZONE ("UTC") set its local time.
-    at = dt.datetime.strptime(logged, "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=dt.timezone.utc)
+    at = dt.datetime.strptime(logged, "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=dt.UTC)
     return time.time() > at.timestamp() + 1.2 * float(seconds) + 0.3
 
 

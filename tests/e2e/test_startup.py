@@ -45,7 +45,7 @@ STARTED = re.compile(r"^(\S+ \S+) INFO consumer \S+ started", re.M)
 
 def logged_at(stamp: str) -> float:
     """The consumer logs local time, and Django's TIME_ZONE ("UTC") set its local time."""
-    at = dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=dt.timezone.utc)
+    at = dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=dt.UTC)
     return at.timestamp()
 
 
