@@ -315,3 +315,23 @@ def test_dashboard_shows_the_queues_and_links_to_the_failed_items(cinema, page, 
     expect(page).to_have_url(re.compile(r"queue=sms"))
     expect(page.locator("#result_list tbody tr")).to_have_count(failed_count)
     expect(page.locator(f'#result_list input[value="{failed}"]')).to_have_count(1)
+
+
+def test_pause_and_resume_a_queue_from_the_dashboard(cinema, page):
+    from playwright.sync_api import expect
+
+    booked(cinema, 6)  # the sms queue has an item: its row is there
+    is_paused = "from django_txqueue import Queue; print(Queue('sms').is_paused())"
+    page.goto("/admin/django_txqueue/dashboard/")
+    sms = page.locator('#queue-table tr[data-queue="sms"]')
+    expect(sms.locator('td[data-column="paused"]')).to_contain_text("running")
+
+    sms.get_by_role("button", name="Pause").click()
+    expect(page.locator("ul.messagelist")).to_contain_text("Queue 'sms' paused")
+    expect(sms.locator('td[data-column="paused"]')).to_contain_text("paused")
+    assert cinema.shell(is_paused).strip() == "True"
+
+    sms.get_by_role("button", name="Resume").click()
+    expect(page.locator("ul.messagelist")).to_contain_text("Queue 'sms' resumed")
+    expect(sms.get_by_role("button", name="Pause")).to_be_visible()
+    assert cinema.shell(is_paused).strip() == "False"
