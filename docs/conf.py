@@ -55,8 +55,8 @@ nitpick_ignore_regex = [
 ]
 
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
-autodoc_default_options = {"members": True, "undoc-members": False}
+autodoc_typehints = "signature"
+autodoc_default_options: dict[str, object] = {}
 
 # External links are never fetched (no linkcheck builder in CI); they render as links.
 html_theme = "furo"
