@@ -155,7 +155,7 @@ def _check_queue(name: Any, options: Any) -> list[CheckMessage]:
     return errors
 
 
-# -- TXQUEUE["SCHEDULE"] (README: Periodic items) ---------------------------------------
+# -- TXQUEUE["SCHEDULE"] (docs/control.md: Periodic items) -----------------------------
 
 
 def _check_schedule_entry(name: Any, options: Any) -> list[CheckMessage]:

@@ -1,7 +1,8 @@
 """The ``TXQUEUE`` setting: defaults, per-queue overrides, and typed accessors.
 
-Every key is documented in the README. ``checks.py`` validates the dict; this module
-only reads it, and re-reads it when a test overrides the setting.
+Every key is documented in docs/reference/settings.md (tests/test_docs.py checks that).
+``checks.py`` validates the dict; this module only reads it, and re-reads it when a test
+overrides the setting.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ DEFAULTS: dict[str, Any] = {
     # Retry back-off: RETRY_DELAY * 2 ** (attempt - 1) seconds, capped, with jitter.
     "RETRY_DELAY": 10,
     "RETRY_MAX_DELAY": 3600,
-    # "auto", "skip_locked" or "update_limit" (README: Claim strategies).
+    # "auto", "skip_locked" or "update_limit" (docs/claims.md).
     "CLAIM_STRATEGY": "auto",
     # A consumer whose heartbeat is older than this many seconds is dead.
     "CONSUMER_TIMEOUT": 60,
@@ -51,7 +52,7 @@ DEFAULTS: dict[str, Any] = {
     # other alias connects directly or through a session pool (docs/scaling.md).
     "LISTEN_DATABASES": {},
     # Periodic items: {name: {"QUEUE": ..., "CRON": "0 3 * * *" | "EVERY": seconds, ...}},
-    # enqueued by the consumers of their queue, each tick once (README: Periodic items).
+    # enqueued by the consumers of their queue, each tick once (docs/control.md).
     "SCHEDULE": {},
 }
 
@@ -62,10 +63,10 @@ QUEUE_KEYS: dict[str, str | None] = {
     "MAX_ATTEMPTS": "MAX_ATTEMPTS",
     "MAX_SIZE": None,
     # Fair queues serve their keys in rounds; ordered ones run one item per key at a
-    # time, in enqueue order (README: Fair queues and ordered groups).
+    # time, in enqueue order (docs/queues.md).
     "FAIR": None,
     "ORDERED": None,
-    # At most this many items per key running at once, the key's earliest (README).
+    # At most this many items per key running at once, the key's earliest (docs/queues.md).
     "MAX_IN_FLIGHT_PER_KEY": None,
     "DATABASE": "DATABASE",
     # What a rescue does with a stuck item: "retry" (READY again) or "fail" (FAILED at once,

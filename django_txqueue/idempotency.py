@@ -5,7 +5,7 @@ The record is a row with a unique key. A second run finds it committed and skips
 run concurrent with the first waits on the first's uncommitted row (every database
 makes a duplicate insert wait for the other transaction), then skips if it committed
 and goes ahead if it rolled back. What the record cannot cover is the moment between
-an external call and the commit: see the README, "Side effects that happen once".
+an external call and the commit: see docs/producing.md, "Side effects that happen once".
 """
 
 from __future__ import annotations

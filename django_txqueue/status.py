@@ -5,6 +5,12 @@ from django.db import models
 
 
 class Status(models.IntegerChoices):
+    """An item's state; the integer is what the ``status`` column holds.
+
+    READY and IN_PROGRESS are unfinished (they count towards ``MAX_SIZE`` and hold their
+    ``dedup_key``); DONE, FAILED and CANCELLED are finished, and purged after ``RETENTION``.
+    """
+
     READY = 1, "ready"
     IN_PROGRESS = 2, "in progress"
     DONE = 3, "done"

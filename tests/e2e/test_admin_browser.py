@@ -7,7 +7,7 @@ either the tests skip, except under ``CI=true``, where that is a failure.
 
 Screenshots go to ``TXQUEUE_ARTIFACTS`` (default: ``browser-artifacts/`` in pytest's
 temporary directory); with ``TXQUEUE_UPDATE_SCREENSHOTS=1`` the SQLite run also copies them
-to ``docs/screenshots/``, which the README shows.
+to ``docs/screenshots/``, which docs/admin.md shows.
 """
 
 import os
