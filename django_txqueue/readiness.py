@@ -50,6 +50,17 @@ def wait_for_database(alias: str, stopping: threading.Event, log: logging.Logger
     return False
 
 
+def unreachable(alias: str) -> str | None:
+    """Why database ``alias`` does not answer a ``SELECT 1`` now, on one line, or None
+    when it does: one try, for a health probe (``health.py``)."""
+    try:
+        with connections[alias].temporary_connection() as cursor:
+            cursor.execute("SELECT 1")
+    except (OperationalError, InterfaceError) as exc:
+        return one_line(exc)
+    return None
+
+
 def missing_tables(alias: str) -> list[str]:
     """The app's tables that database ``alias`` does not have: not migrated (yet). A
     consumer would otherwise take a missing table for an outage and retry forever."""
