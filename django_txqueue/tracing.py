@@ -39,7 +39,9 @@ def api() -> Any:
         else:
             # A proxy until the project sets its tracer provider, then that provider's.
             tracer = trace.get_tracer("django_txqueue", installed_version())
-            _api = SimpleNamespace(trace=trace, propagate=propagate, tracer=tracer)
+            # Providers whose spans are no-ops: the API's own, while the project sets none.
+            idle = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+            _api = SimpleNamespace(trace=trace, propagate=propagate, tracer=tracer, idle=idle)
     return _api
 
 
@@ -66,9 +68,10 @@ def current_context() -> dict[str, str] | None:
 def processing(item: QueueItem) -> contextlib.AbstractContextManager[Any]:
     """A CONSUMER span "process <queue>" around a handler run, current while it runs
     (the handler's own spans are its children) and linked to the enqueuer's span. Enters
-    to the span, or to None without the API."""
+    to the span, or to None without the API or a tracer provider (whose span would
+    record nothing, yet cost microseconds)."""
     otel = api()
-    if not otel:
+    if not otel or isinstance(otel.trace.get_tracer_provider(), otel.idle):
         return NOTHING
     links = []
     if item.trace_context:

@@ -265,3 +265,15 @@ def test_without_the_extra_the_import_is_tried_once(monkeypatch):
     for _ in range(3):
         assert tracing.current_context() is None
     assert attempts == ["opentelemetry"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("provider", ["ProxyTracerProvider", "NoOpTracerProvider"])
+def test_with_the_api_alone_no_span_is_started(monkeypatch, spans, provider):
+    """The API with no SDK set up (installed as another package's dependency, say): its
+    spans would record nothing, and the consumer makes none."""
+    monkeypatch.setattr(otel_trace, "get_tracer_provider", getattr(otel_trace, provider))
+    item = Queue("traced").enqueue({})
+    drain("traced", lambda item: None)
+    assert tracing.processing(item) is tracing.NOTHING
+    assert spans() == ()
