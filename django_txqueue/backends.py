@@ -301,15 +301,10 @@ def run_task(item: QueueItem) -> Any:
         value = json_value(value, f"return value of task {task.module_path}", NotJSONSerializable)
     except BaseException as exc:  # SystemExit too: the consumer records it as a failure
         finish(result, "FAILED", error=exc)
-        error: BaseException | None = exc
-    else:
-        finish(result, "SUCCESSFUL", value=value)
-        error = None
-    # Sent outside the except block: there, django.tasks' own receiver would log the
-    # traceback too, and the consumer logs it once, with the item's fields.
+        task_finished.send(sender, task_result=result)
+        raise
+    finish(result, "SUCCESSFUL", value=value)
     task_finished.send(sender, task_result=result)
-    if error is not None:
-        raise error
     return value
 
 
