@@ -11,6 +11,7 @@ import sys
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 
 from django_txqueue import Queue, Status, on_commit, tracing
 from django_txqueue.backends import TASKS_FRAMEWORK, run_task
@@ -277,3 +278,11 @@ def test_with_the_api_alone_no_span_is_started(monkeypatch, spans, provider):
     drain("traced", lambda item: None)
     assert tracing.processing(item) is tracing.NOTHING
     assert spans() == ()
+
+
+def test_the_admin_shows_an_items_trace_context(admin_client, tracer):
+    with tracer.start_as_current_span("checkout") as request:
+        item = Queue("traced").enqueue({})
+    page = admin_client.get(reverse("admin:django_txqueue_queueitem_change", args=[item.pk]))
+    assert page.status_code == 200
+    assert traceparent(request) in page.content.decode()
