@@ -190,6 +190,7 @@ class QueueItemAdmin(QueueItemModelAdmin):
         ("attempts", "max_attempts"),
         ("pid", "claimed_at", "lease_expires_at"),
         "cancel_requested_at",
+        "trace_context",  # the enqueuer's W3C trace context, to find its trace (tracing)
         "payload_pretty",
         "result_pretty",
         "error_class",

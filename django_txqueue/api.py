@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
 from django.db.transaction import TransactionManagementError
 
-from . import conf, fairness, monitoring, registry, store
+from . import conf, fairness, monitoring, registry, store, tracing
 from .claims import Claims
 from .db import dialect_for
 from .db.inserts import inserts
@@ -248,6 +248,8 @@ class Queue:
         elif delay is not None:
             # Due by the database clock, like every other time comparison.
             values["run_at"] = store.now_plus(to_timedelta(delay, "delay"))
+        if (trace_context := tracing.current_context()) is not None:
+            values["trace_context"] = trace_context  # else not written at all
         make = inserts(QueueItem, self.using).maker(**values)
         return lambda payload: make(payload=payload)
 

@@ -18,9 +18,10 @@ from typing import Any
 
 from django.db import DatabaseError, Error, connections, transaction
 
-from . import registry, store
+from . import registry, store, tracing
 from .db import dialect_for
 from .exceptions import NotJSONSerializable
+from .logs import about
 from .models import QueueItem
 from .validation import check_json
 
@@ -43,8 +44,11 @@ class Outcome:
     # The error was the database's (``databases_failure``), not the handler's: the item
     # goes back READY with no attempt counted and no retry delay.
     lost: bool = False
+    # What the handler raised, until the settler has logged it with its traceback.
+    exception: BaseException | None = None
 
     def failed(self, exc: BaseException, *, retry: bool = True) -> None:
+        self.exception = exc
         cls = type(exc)
         self.error = "".join(traceback.format_exception(exc))
         self.error_class = f"{cls.__module__}.{cls.__qualname__}"
@@ -52,6 +56,16 @@ class Outcome:
 
 
 def run_handler(handle: registry.Handler, item: QueueItem) -> Outcome:
+    """``run_item`` in a span of its own, with OpenTelemetry (``tracing``), which
+    records what the handler raised."""
+    with tracing.processing(item) as span:
+        outcome = run_item(handle, item)
+        if outcome.exception is not None:
+            tracing.failed(span, outcome.exception, outcome.error_class)
+    return outcome
+
+
+def run_item(handle: registry.Handler, item: QueueItem) -> Outcome:
     """Run ``handle`` on ``item`` (in a transaction of its own if its queue's handler is
     atomic) and return what it came to."""
     started = time.monotonic()
@@ -98,6 +112,7 @@ def run_atomic(handle: registry.Handler, item: QueueItem) -> tuple[Any, bool]:
             "%s #%s: its claim was taken over; the atomic handler's writes are rolled back",
             item.queue,
             item.pk,
+            extra=about(item),
         )
     return result, acknowledged
 

@@ -3,6 +3,8 @@ DEBUG query log emptied as it goes, so that its memory stays flat."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import connections
 
@@ -23,3 +25,16 @@ def forget_queries() -> None:
 def one_line(exc: BaseException) -> str:
     """The error's message on one line (PostgreSQL's span several)."""
     return " ".join(str(exc).split())
+
+
+def about(item: Any) -> dict[str, Any]:
+    """The ``extra`` of a log line about ``item``, which JSON formatters and Sentry's
+    logging integration pick up: its queue, its id, the attempt (1 on the first run) and
+    the consumer running it (its identity, the ``pid`` its claim wrote). Read before a
+    settling write changes them (a release takes the attempt back, clears the pid)."""
+    return {
+        "queue": item.queue,
+        "item_id": item.pk,
+        "attempt": item.attempts,
+        "consumer": item.pid,
+    }

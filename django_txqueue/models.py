@@ -417,6 +417,10 @@ class QueueItem(QueueModel):
     # When someone asked a running item to stop (``cancel()``); its handler polls it
     # through ``cancel_requested()``, and returning after it settles the item CANCELLED.
     cancel_requested_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The enqueuer's W3C trace context (``{"traceparent": ..., "tracestate": ...}``, as
+    # OpenTelemetry's propagators write it), for the consumer's span to link to; NULL, and
+    # left out of the INSERT, when there was no active span (``tracing``).
+    trace_context = models.JSONField(null=True, blank=True, editable=False)
 
     objects = QueueItemQuerySet.as_manager()  # type: ignore[misc]
 

@@ -22,7 +22,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils.module_loading import import_string
 
-from . import conf, store
+from . import conf, store, tracing
 from .api import Queue, refuse_other_transaction
 from .models import QueueItem
 from .validation import check_json
@@ -51,6 +51,7 @@ def on_commit(func: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         queue=QUEUE,
         payload={"func": path, "args": list(args), "kwargs": kwargs},
         max_attempts=conf.queue_option(QUEUE, "MAX_ATTEMPTS"),
+        trace_context=tracing.current_context(),
     )
     store.insert(item, using)
     transaction.on_commit(functools.partial(run_after_commit, item.pk, using), using=using)

@@ -20,6 +20,7 @@ from typing import Any
 
 from . import signals, store
 from .execution import Outcome
+from .logs import about
 from .models import QueueItem
 from .status import Status
 
@@ -144,30 +145,47 @@ class Settler:
         delay. Unless the item's transaction committed after all (its COMMIT landed as the
         connection dropped): then the row is no longer held, and nothing changes."""
         item = outcome.item
+        extra = about(item)
         released = store.release(item)
+        outcome.exception = None  # the database's error: its last line says enough
         logger.warning(
             "%s #%s: the database failed, not the handler; %s: %s",
             item.queue,
             item.pk,
             "back to READY, no attempt counted" if released else "settled meanwhile",
             ((outcome.error or "").strip().splitlines() or [""])[-1],
+            extra=extra,
         )
 
     def _fail(self, outcome: Outcome) -> None:
         item = outcome.item
+        extra = about(item)
         final = not outcome.retry or item.attempts >= item.max_attempts
         if outcome.retry:
             store.retry(item, outcome.error, error_class=outcome.error_class)
         else:
             store.fail(item, outcome.error, error_class=outcome.error_class)
-        logger.warning(
+        # The one line about the handler's exception, with its traceback: ERROR when the
+        # item has failed for good (what Sentry's logging integration reports by default).
+        exception, outcome.exception = outcome.exception, None  # its frames: let them go
+        logger.log(
+            logging.ERROR if final else logging.WARNING,
             "%s #%s failed (attempt %d of %d)%s: %s",
             item.queue,
             item.pk,
-            item.attempts,
+            extra["attempt"],
             item.max_attempts,
             "" if final else ", will retry",
             ((outcome.error or "").strip().splitlines() or [""])[-1],
+            exc_info=exception,
+            extra=extra,
+        )
+
+    @staticmethod
+    def _log_done(outcome: Outcome) -> None:
+        item = outcome.item
+        logger.debug(
+            "%s #%s done in %.3f s", item.queue, item.pk, outcome.duration, extra=about(item)
         )
 
     def _count(self, outcomes: list[Outcome]) -> None:
@@ -175,11 +193,14 @@ class Settler:
         listens (checked once per batch, not sent item by item for nobody)."""
         done_heard = signals.heard(signals.item_done, QueueItem)
         failed_heard = signals.heard(signals.item_failed, QueueItem)
+        debug = logger.isEnabledFor(logging.DEBUG)
         for outcome in outcomes:
             if outcome.acknowledged is False or outcome.lost:
                 continue  # nothing happened: rolled back, or released to run again
             if outcome.error is None:
                 self.processed += 1
+                if debug:
+                    self._log_done(outcome)
                 if done_heard:
                     signals.item_done.send(
                         sender=QueueItem,
