@@ -327,7 +327,8 @@ class TestRunQueueConsumer:
         assert done.returncode == 1
         assert "Database 'default' has no django_txqueue_" in done.stderr
         assert "django_txqueue_consumer" in done.stderr
-        assert "django_txqueue_queueitem table" in done.stderr
+        assert "django_txqueue_queueitem" in done.stderr
+        assert "tables: run" in done.stderr  # every table of the app is missing
         assert "run `python manage.py migrate`" in done.stderr
         assert "retrying" not in done.stderr
 

@@ -146,8 +146,9 @@ class Command(BaseCommand):
                 migrate = "python manage.py migrate" + (
                     "" if using == "default" else f" --database {using}"
                 )
+                tables = "table" if len(missing) == 1 else "tables"
                 raise CommandError(
-                    f"Database {using!r} has no {', '.join(missing)} table: run `{migrate}`."
+                    f"Database {using!r} has no {', '.join(missing)} {tables}: run `{migrate}`."
                 )
         if not skip_checks:
             self.check()
