@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from django.db import Error as DatabaseError
 from django.db import InterfaceError, OperationalError, connections
 
-from . import conf, registry, signals, store
+from . import conf, metrics, registry, signals, store
 from .api import Queue
 from .claims import Resume
 from .db import dialect_for
@@ -307,6 +307,8 @@ class Worker:
         """Hand the items to the handler threads, in one share per thread, so that a
         thread reports (and the main thread acknowledges) a share at a time."""
         self.in_flight.add(items)
+        if metrics.recorder is not None:  # --metrics-port: once per claim
+            metrics.recorder.claimed(items)
         if signals.heard(signals.item_claimed, QueueItem):  # else a call per item for nothing
             for item in items:
                 signals.item_claimed.send(sender=QueueItem, item=item)
