@@ -114,28 +114,36 @@ class Recorder:
         """One claim's items, on the consumer's main thread."""
         self.batch.observe(len(items))
         now = time.time()
+        queue, waited = "", None
         for item in items:
             due = item.__dict__.get("run_at")  # never load a deferred field for this
-            if due is not None:
-                self._child("latency", item.queue).observe(max(now - due.timestamp(), 0.0))
+            if due is None:
+                continue
+            if item.queue != queue or waited is None:  # a claim is mostly of one queue
+                queue, waited = item.queue, self._child("latency", item.queue)
+            wait = now - due.timestamp()
+            waited.observe(wait if wait > 0 else 0.0)
 
     def settled(self, outcomes: Iterable[Outcome]) -> None:
-        """Outcomes the database has, on the consumer's main thread: counted per queue, then
-        added once per queue."""
+        """Outcomes the database has, on the consumer's main thread: durations observed,
+        outcomes counted per queue, each count added once."""
         counts: Tally[tuple[str, str]] = Tally()
+        queue, ran = "", None
         for outcome in outcomes:
             if outcome.acknowledged is False or outcome.lost:
                 continue  # nothing happened: rolled back, or released to run again
-            queue = outcome.item.queue
-            self._child("duration", queue).observe(outcome.duration)
+            item = outcome.item
+            if item.queue != queue or ran is None:
+                queue, ran = item.queue, self._child("duration", item.queue)
+            ran.observe(outcome.duration)
             if outcome.error is None:
                 counts["processed", queue] += 1
-            elif outcome.item.status == Status.READY:
+            elif item.status == Status.READY:
                 counts["retried", queue] += 1
             else:
                 counts["failed", queue] += 1
-        for (metric, queue), n in counts.items():
-            self._child(metric, queue).inc(n)
+        for (metric, name), n in counts.items():
+            self._child(metric, name).inc(n)
 
     def rescued_items(self, queue: str, count: int) -> None:
         if count:
