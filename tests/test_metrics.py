@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -150,6 +151,24 @@ def test_a_rescue_is_counted_for_its_queue(recorded, fast_consumers):
         timeout=5,
     )
     assert recorded.get_sample_value("txqueue_items_rescued_total", {"queue": "echo"}) == 1
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_observing_a_batch_gives_what_observing_each_value_gives(batched):
+    registry = prometheus_client.CollectorRegistry()
+    bounds = (0.001, 0.005, 0.01)
+    each = prometheus_client.Histogram("each", "", buckets=bounds, registry=registry)
+    many = prometheus_client.Histogram("many", "", buckets=bounds, registry=registry)
+    values = [0.0, 0.001, 0.0011, 0.005, 0.007, 0.01, 0.02, 5.0]
+    for observed in values:
+        each.observe(observed)
+    # Not batched: a histogram unlike this client's gets plain observe() calls.
+    metrics.observe_many(many if batched else SimpleNamespace(observe=many.observe), values)
+    get = registry.get_sample_value
+    for le in ("0.001", "0.005", "0.01", "+Inf"):
+        assert get("many_bucket", {"le": le}) == get("each_bucket", {"le": le}), le
+    assert get("many_count") == get("each_count") == len(values)
+    assert get("many_sum") == pytest.approx(get("each_sum"))
 
 
 def test_metrics_are_off_until_asked_for():
