@@ -115,37 +115,47 @@ class Recorder:
         self.batch.observe(len(items))
         now = time.time()
         waits: dict[str, list[float]] = {}
+        queue, found = None, None  # a claim is of one queue, but for the outbox's turns
         for item in items:
             due = item.__dict__.get("run_at")  # never load a deferred field for this
-            if due is not None:
-                wait = now - due.timestamp()
-                waits.setdefault(item.queue, []).append(wait if wait > 0 else 0.0)
-        for queue, found in waits.items():
-            observe_many(self._child("latency", queue), found)
+            if due is None:
+                continue
+            if item.queue != queue or found is None:
+                queue = item.queue
+                found = waits.get(queue)
+                if found is None:
+                    found = waits[queue] = []
+            wait = now - due.timestamp()
+            found.append(wait if wait > 0 else 0.0)
+        for name, values in waits.items():
+            observe_many(self._child("latency", name), values)
 
     def settled(self, outcomes: Iterable[Outcome]) -> None:
         """Outcomes the database has, on the consumer's main thread: durations observed,
         outcomes counted per queue, each count added once."""
-        durations: dict[str, list[float]] = {}
-        tallies: dict[str, list[int]] = {}  # processed, retried, failed
+        runs: dict[str, tuple[list[float], list[int]]] = {}  # durations; done, retried, failed
+        queue, durations, tally = None, None, None
         for outcome in outcomes:
             if outcome.acknowledged is False or outcome.lost:
                 continue  # nothing happened: rolled back, or released to run again
             item = outcome.item
-            durations.setdefault(item.queue, []).append(outcome.duration)
-            tally = tallies.setdefault(item.queue, [0, 0, 0])
+            if item.queue != queue or durations is None or tally is None:
+                queue = item.queue
+                if queue not in runs:
+                    runs[queue] = ([], [0, 0, 0])
+                durations, tally = runs[queue]
+            durations.append(outcome.duration)
             if outcome.error is None:
                 tally[0] += 1
             elif item.status == Status.READY:
                 tally[1] += 1
             else:
                 tally[2] += 1
-        for queue, found in durations.items():
-            observe_many(self._child("duration", queue), found)
-        for queue, tally in tallies.items():
-            for metric, n in zip(("processed", "retried", "failed"), tally, strict=True):
+        for name, (values, counts) in runs.items():
+            observe_many(self._child("duration", name), values)
+            for metric, n in zip(("processed", "retried", "failed"), counts, strict=True):
                 if n:
-                    self._child(metric, queue).inc(n)
+                    self._child(metric, name).inc(n)
 
     def rescued_items(self, queue: str, count: int) -> None:
         if count:
