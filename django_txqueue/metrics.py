@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .status import Status
 
@@ -114,52 +114,50 @@ class Recorder:
         """One claim's items, on the consumer's main thread."""
         self.batch.observe(len(items))
         now = time.time()
-        waits: dict[str, list[float]] = {}
-        queue, found = None, None  # a claim is of one queue, but for the outbox's turns
-        for item in items:
-            due = item.__dict__.get("run_at")  # never load a deferred field for this
-            if due is None:
-                continue
-            if item.queue != queue or found is None:
-                queue = item.queue
-                found = waits.get(queue)
-                if found is None:
-                    found = waits[queue] = []
-            wait = now - due.timestamp()
-            found.append(wait if wait > 0 else 0.0)
-        for name, values in waits.items():
-            observe_many(self._child("latency", name), values)
+        for queue, group in by_queue(items, lambda item: item.queue):
+            # Never load a deferred field for this: run_at comes with every claim.
+            dues = [item.__dict__.get("run_at") for item in group]
+            waits = [now - due.timestamp() for due in dues if due is not None]
+            observe_many(self._child("latency", queue), [w if w > 0 else 0.0 for w in waits])
 
-    def settled(self, outcomes: Iterable[Outcome]) -> None:
+    def settled(self, outcomes: list[Outcome]) -> None:
         """Outcomes the database has, on the consumer's main thread: durations observed,
-        outcomes counted per queue, each count added once."""
-        runs: dict[str, tuple[list[float], list[int]]] = {}  # durations; done, retried, failed
-        queue, durations, tally = None, None, None
-        for outcome in outcomes:
-            if outcome.acknowledged is False or outcome.lost:
-                continue  # nothing happened: rolled back, or released to run again
-            item = outcome.item
-            if item.queue != queue or durations is None or tally is None:
-                queue = item.queue
-                if queue not in runs:
-                    runs[queue] = ([], [0, 0, 0])
-                durations, tally = runs[queue]
-            durations.append(outcome.duration)
-            if outcome.error is None:
-                tally[0] += 1
-            elif item.status == Status.READY:
-                tally[1] += 1
-            else:
-                tally[2] += 1
-        for name, (values, counts) in runs.items():
-            observe_many(self._child("duration", name), values)
-            for metric, n in zip(("processed", "retried", "failed"), counts, strict=True):
+        outcomes counted per queue, each count added once. Not counted: an atomic
+        handler's refused acknowledgement (rolled back), the database's own failures
+        (released to run again)."""
+        counted = [o for o in outcomes if o.acknowledged is not False and not o.lost]
+        for queue, group in by_queue(counted, lambda outcome: outcome.item.queue):
+            observe_many(self._child("duration", queue), [o.duration for o in group])
+            errors = [o.item for o in group if o.error is not None]
+            retried = sum(1 for item in errors if item.status == Status.READY)
+            for metric, n in (
+                ("processed", len(group) - len(errors)),
+                ("retried", retried),
+                ("failed", len(errors) - retried),
+            ):
                 if n:
-                    self._child(metric, name).inc(n)
+                    self._child(metric, queue).inc(n)
 
     def rescued_items(self, queue: str, count: int) -> None:
         if count:
             self._child("rescued", queue).inc(count)
+
+
+T = TypeVar("T")
+
+
+def by_queue(things: list[T], queue_of: Callable[[T], str]) -> Iterable[tuple[str, list[T]]]:
+    """``things`` grouped by queue, in one group without a look-up per thing when they
+    are all of one queue (a claim's items are, but for the outbox's turns)."""
+    if not things:
+        return []
+    first = queue_of(things[0])
+    if all(queue_of(thing) == first for thing in things):
+        return [(first, things)]
+    groups: dict[str, list[T]] = {}
+    for thing in things:
+        groups.setdefault(queue_of(thing), []).append(thing)
+    return groups.items()
 
 
 def observe_many(child: Any, values: list[float]) -> None:

@@ -307,14 +307,14 @@ class Worker:
         """Hand the items to the handler threads, in one share per thread, so that a
         thread reports (and the main thread acknowledges) a share at a time."""
         self.in_flight.add(items)
-        if metrics.recorder is not None:  # --metrics-port: once per claim
-            metrics.recorder.claimed(items)
         if signals.heard(signals.item_claimed, QueueItem):  # else a call per item for nothing
             for item in items:
                 signals.item_claimed.send(sender=QueueItem, item=item)
         size = math.ceil(len(items) / self.threads.size)
         for start in range(0, len(items), size):
             self.threads.submit(items[start : start + size])
+        if metrics.recorder is not None:  # --metrics-port: once per claim, handlers started
+            metrics.recorder.claimed(items)
 
     def _run_handlers(self, items: list[QueueItem]) -> None:
         """On a handler thread: run each item's handler and pass on the outcomes."""

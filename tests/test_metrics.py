@@ -403,10 +403,13 @@ def test_a_consumers_endpoint_after_a_drain(consumer_processes):
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_processes_are_scraped_as_one(consumer_processes, tmp_path):
-    Queue("slow").enqueue_many([{"seconds": 0.05} for _ in range(40)])
     port = free_port()
-
     proc = consumer_processes("slow", "--processes", "2", "--metrics-port", str(port))
+    # Both children up before the items come, so that both take some.
+    live = Consumer.objects.filter(stopped_at__isnull=True)
+    assert poll(lambda: live.count() == 2, timeout=START_TIMEOUT), proc.err_path.read_text()
+    Queue("slow").enqueue_many([{"seconds": 0.05} for _ in range(40)])
+
     text = scraped_when(
         port, proc, lambda found: value(found, "txqueue_items_processed_total", queue="slow") == 40
     )
