@@ -7,14 +7,15 @@ off and on, in interleaved pairs, in this process.
 Each pair drains ITEMS no-op items (default 10,000, batch 10) twice with a burst
 ``Worker``, metrics off and on, the order alternating from pair to pair, so that the
 shared machine's drift falls on both alike. "On" is what ``--metrics-port`` turns on in
-a consumer (``metrics.enable``: counters and histograms recorded per claim and settled
-batch), with a scrape of the endpoint's registry every SCRAPE_EVERY seconds (default 1,
-a tight Prometheus; 0: none, the recording's cost alone). Prints, for each, the median
-and spread (min to max) of the drain rate and of this process's CPU per item, and the
-medians' difference; and, as the shared machine's noise can hide a few percent, the
-CPU time spent in the recorder itself (its two calls timed with this thread's CPU clock,
-so the handler thread's turns with the GIL meanwhile are not counted), per item, beside
-the CPU per item with metrics off.
+a consumer (``metrics.enable``: counters and histograms recorded per claimed and per
+settled batch), with a scrape of the registry every SCRAPE_EVERY seconds (default 1, a
+tight Prometheus; 0: none, the recording's cost alone).
+
+Prints, for each, the median and spread (min to max) of the drain rate and of this
+process's CPU per item, and the medians' difference. As the shared machine's noise can
+hide a few percent, it also prints the CPU time the recorder itself took (its two calls
+timed with the main thread's CPU clock), per item, as a share of the CPU per item with
+metrics off.
 
 Uses its own database (``txqueue_bench_metrics``) or, on SQLite, a temp file.
 """

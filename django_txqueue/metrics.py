@@ -166,6 +166,8 @@ def observe_many(child: Any, values: list[float]) -> None:
     instead of two locked increments and a scan of the buckets per value. (Its buckets
     hold per-bucket counts, made cumulative when collected; the bounds are inclusive.)
     Anything else (another prometheus-client) gets the plain calls."""
+    if not values:
+        return
     bounds = getattr(child, "_upper_bounds", None)
     buckets = getattr(child, "_buckets", None)
     total = getattr(child, "_sum", None)
