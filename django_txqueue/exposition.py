@@ -35,9 +35,10 @@ def serve_this_process(port: int, address: str) -> Any:
     client = metrics.prometheus()
     client.disable_created_metrics()  # no *_created series beside each counter
     registry = client.CollectorRegistry(auto_describe=False)
+    server = serve(registry, port, address)  # first: a port in use enables nothing
     metrics.enable(registry)
     registry.register(QueueCollector(close_connections=True))
-    return serve(registry, port, address)
+    return server
 
 
 class Multiprocess:

@@ -268,6 +268,16 @@ def test_metrics_port_without_the_extra_names_it(run_consumer, monkeypatch, db):
         run_consumer("echo", "--burst", "--metrics-port", "9")
 
 
+def test_a_port_in_use_is_a_command_error_naming_it(run_consumer, db):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"--metrics-port {port}: "):
+            run_consumer("echo", "--burst", "--metrics-port", str(port), "--skip-checks")
+    assert metrics.recorder is None  # nothing enabled
+
+
 def test_nothing_imports_prometheus_client_unless_asked():
     """A consumer's modules, the URLconf, the view and the checks: none imports it."""
     code = (

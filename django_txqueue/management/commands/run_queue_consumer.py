@@ -179,11 +179,13 @@ class Command(BaseCommand):
 
     def start_metrics(self, options: dict[str, Any]) -> None:
         """``--metrics-port`` (or, in a child of ``--processes``, ``--metrics-child``)."""
-        from ...exposition import record_as_child, serve_this_process
-
         if options["metrics_child"]:
+            from ...exposition import record_as_child
+
             record_as_child()
         elif options["metrics_port"] is not None:
+            from ...exposition import serve_this_process
+
             try:
                 serve_this_process(options["metrics_port"], options["metrics_address"])
             except OSError as exc:
