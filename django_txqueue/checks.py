@@ -72,6 +72,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a dict of database alias to database alias, both in settings.DATABASES",
     ),
     "SCHEDULE": (lambda v: isinstance(v, dict), "a dict of entry name to its options"),
+    "METRICS_TOKEN": (lambda v: v is None or isinstance(v, str), "None or a string"),
     "RESCUE": (lambda v: v in (None, "retry", "fail"), "None, 'retry' or 'fail'"),
     "TIMEOUT": (lambda v: v is None or _positive_number(v), "None or a positive number"),
     "MAX_SIZE": (lambda v: v is None or _positive_int(v), "None or a positive integer"),
@@ -305,3 +306,24 @@ def check_galera_strategy(databases: Any = None, **kwargs: Any) -> list[CheckMes
                 )
             )
     return warnings
+
+
+# -- TXQUEUE["METRICS_TOKEN"] (docs/metrics.md) ------------------------------------------
+
+# Shorter than this, a token could be guessed: secrets.token_urlsafe(32) gives 43 characters.
+MIN_TOKEN_LENGTH = 32
+
+
+@register()
+def check_metrics_token(**kwargs: Any) -> list[CheckMessage]:
+    token = conf.user_settings().get("METRICS_TOKEN")
+    if not isinstance(token, str) or len(token) >= MIN_TOKEN_LENGTH:
+        return []  # None, or a type E003 reports
+    return [
+        Error(
+            f"TXQUEUE['METRICS_TOKEN'] is {len(token)} characters long; a bearer token must "
+            f"have at least {MIN_TOKEN_LENGTH}.",
+            hint="Make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'",
+            id="txqueue.E011",
+        )
+    ]

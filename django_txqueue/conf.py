@@ -54,6 +54,9 @@ DEFAULTS: dict[str, Any] = {
     # Periodic items: {name: {"QUEUE": ..., "CRON": "0 3 * * *" | "EVERY": seconds, ...}},
     # enqueued by the consumers of their queue, each tick once (docs/control.md).
     "SCHEDULE": {},
+    # A secret a Prometheus scraper sends as "Authorization: Bearer <token>" to read the
+    # metrics view (django_txqueue.urls) without a staff login; None: staff only.
+    "METRICS_TOKEN": None,
 }
 
 # Keys a queue may override, with the top-level key supplying the default (None:

@@ -30,7 +30,7 @@ from datetime import timedelta
 
 from django.db import DatabaseError, connections
 
-from . import conf, store
+from . import conf, metrics, store
 from .api import Queue
 from .logs import forget_queries
 from .models import Consumer, Effect, QueueItem
@@ -160,7 +160,11 @@ class Liveness:
             held[pk].cancel_requested_at = requested_at
 
     def _rescue(self) -> None:
-        rescued = sum(queue.requeue_stuck() for queue in self.queues())
+        by_queue = {queue.name: queue.requeue_stuck() for queue in self.queues()}
+        rescued = sum(by_queue.values())
+        if rescued and metrics.recorder is not None:
+            for name, count in by_queue.items():
+                metrics.recorder.rescued_items(name, count)
         if rescued:
             logger.warning("rescued %d stuck items", rescued)
         held = [item.pk for item, _ in self.held()]

@@ -51,6 +51,9 @@ class QueueRow:
     done_last_hour: int = 0
     failed_last_hour: int = 0
     paused: bool = False
+    # DONE items, exact up to EXACT_DONE_UP_TO, past that the planner's estimate: read by
+    # ``gauges`` only (the dashboard shows the last hour's instead).
+    done: int = 0
     # A fair or ordered queue's keys_waiting and top_keys (fairness.key_stats).
     keys: dict[str, Any] | None = None
 
@@ -93,6 +96,25 @@ def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
     def row(name: str) -> QueueRow:
         return rows.setdefault(name, QueueRow(name))
 
+    live = current(items, consumers, row)
+
+    for stuck in items.order_by().stuck().values("queue").annotate(n=Count("pk")):
+        row(stuck["queue"]).stuck = stuck["n"]
+
+    for queue in rows.values():  # one query per fair or ordered queue
+        if fairness.needs_key(queue.name):
+            queue.keys = fairness.key_stats(items.filter(queue=queue.name, status=Status.READY))
+
+    minutes = last_hour(items, row)
+    return Overview(sorted(rows.values(), key=lambda r: r.name), minutes, live)
+
+
+def current(
+    items: QueueItemQuerySet, consumers: ConsumerQuerySet, row: Callable[[str], QueueRow]
+) -> int:
+    """Fill ``row(name)``'s counts of unfinished, failed and cancelled items, its oldest due
+    item's wait, its pause and its live consumers, in four grouped queries over all queues;
+    returns how many consumers are alive."""
     columns: dict[int, str] = {
         Status.READY: "ready",
         Status.IN_PROGRESS: "in_progress",
@@ -102,9 +124,6 @@ def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
     counts = items.order_by().filter(any_status(*columns)).values("queue", "status")
     for count in counts.annotate(n=Count("pk")):
         setattr(row(count["queue"]), columns[count["status"]], count["n"])
-
-    for stuck in items.order_by().stuck().values("queue").annotate(n=Count("pk")):
-        row(stuck["queue"]).stuck = stuck["n"]
 
     waited = ExpressionWrapper(Now() - Min("run_at"), output_field=DurationField())
     for oldest in items.order_by().ready().values("queue").annotate(age=waited):
@@ -117,13 +136,26 @@ def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
     live = list(consumers.alive().values_list("queues", flat=True))
     for name, serving in Counter(name for queues in live for name in queues).items():
         row(name).consumers = serving
+    return len(live)
 
-    for queue in rows.values():  # one query per fair or ordered queue
-        if fairness.needs_key(queue.name):
-            queue.keys = fairness.key_stats(items.filter(queue=queue.name, status=Status.READY))
 
-    minutes = last_hour(items, row)
-    return Overview(sorted(rows.values(), key=lambda r: r.name), minutes, len(live))
+def gauges(
+    items: QueueItemQuerySet, consumers: ConsumerQuerySet, names: list[str]
+) -> list[QueueRow]:
+    """What a Prometheus scrape reads (``collector.py``), per queue with items or consumers,
+    and ``names`` (the queues with handlers here) even when empty: ``current``'s four
+    queries, then one bounded count of DONE items per queue (``EXACT_DONE_UP_TO``)."""
+    rows = {name: QueueRow(name) for name in names}
+
+    def row(name: str) -> QueueRow:
+        return rows.setdefault(name, QueueRow(name))
+
+    current(items, consumers, row)
+    counting = dialect_for(items.db)
+    for queue in rows.values():
+        done = items.filter(queue=queue.name, status=Status.DONE)
+        queue.done = counting.estimated_count(done, EXACT_DONE_UP_TO)
+    return sorted(rows.values(), key=lambda r: r.name)
 
 
 def overview_of(aliases: list[str]) -> Overview:

@@ -18,7 +18,7 @@ import logging
 import queue
 from typing import Any
 
-from . import signals, store
+from . import metrics, signals, store
 from .execution import Outcome
 from .logs import about
 from .models import QueueItem
@@ -125,6 +125,8 @@ class Settler:
             self.unsettled = [o for o in self.unsettled if id(o) not in done]
         self.settled += settled
         self._count(settled)
+        if metrics.recorder is not None:  # --metrics-port: once per batch
+            metrics.recorder.settled(settled)
 
     def _take_settled(self) -> list[Outcome]:
         taken, self.settled = self.settled, []

@@ -1,12 +1,14 @@
-"""The package's own views, for a project to ``include("django_txqueue.urls")``:
-``health/``, the JSON health probe (``health.py``)."""
+"""The package's own views, for a project to ``path("txqueue/", include("django_txqueue.urls"))``:
+``health/``, the JSON health probe (``health.py``, docs/health.md), and ``metrics``, the
+Prometheus gauges read from the database (``views.py``, docs/metrics.md)."""
 
 from django.urls import path
 
-from . import health
+from . import health, views
 
 app_name = "django_txqueue"
 
 urlpatterns = [
     path("health/", health.health_view, name="health"),
+    path("metrics", views.metrics, name="metrics"),
 ]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from django.db import Error as DatabaseError
 from django.db import InterfaceError, OperationalError, connections
 
-from . import conf, registry, signals, store
+from . import conf, metrics, registry, signals, store
 from .api import Queue
 from .claims import Resume
 from .db import dialect_for
@@ -313,6 +313,8 @@ class Worker:
         size = math.ceil(len(items) / self.threads.size)
         for start in range(0, len(items), size):
             self.threads.submit(items[start : start + size])
+        if metrics.recorder is not None:  # --metrics-port: once per claim, handlers started
+            metrics.recorder.claimed(items)
 
     def _run_handlers(self, items: list[QueueItem]) -> None:
         """On a handler thread: run each item's handler and pass on the outcomes."""

@@ -8,13 +8,14 @@ import os
 import signal
 import sys
 import threading
+from argparse import SUPPRESS
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ... import conf, registry
+from ... import conf, metrics, registry
 from ...readiness import missing_tables, wait_for_database
 from ...supervisor import Supervisor, child_argv
 from ...worker import Progress, Worker
@@ -34,6 +35,28 @@ def positive_seconds(value: str) -> float:
     if not (math.isfinite(number) and number > 0):
         raise ValueError(value)
     return number
+
+
+def port(value: str) -> int:
+    number = int(value)
+    if not 1 <= number <= 65535:
+        raise ValueError(value)
+    return number
+
+
+def without_metrics_options(argv: list[str]) -> list[str]:
+    """A child's command line: the supervisor serves the metrics; the children record
+    them (``--metrics-child``)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--metrics-port", "--metrics-address"):
+            skip = True
+        elif not arg.startswith(("--metrics-port=", "--metrics-address=")):
+            kept.append(arg)
+    return [*kept, "--metrics-child"]
 
 
 def placement(
@@ -92,6 +115,18 @@ class Command(BaseCommand):
             help="Seconds in-flight handlers get to finish on SIGTERM (default: TXQUEUE).",
         )
         parser.add_argument("--skip-checks", action="store_true", help="Skip system checks.")
+        parser.add_argument(
+            "--metrics-port",
+            type=port,
+            help="Serve Prometheus metrics over HTTP on this port (the prometheus extra).",
+        )
+        parser.add_argument(
+            "--metrics-address",
+            default="0.0.0.0",  # noqa: S104 - scraped from another host or pod, as usual
+            help="Address the metrics endpoint listens on (default 0.0.0.0: every interface).",
+        )
+        # Given by the supervisor to its children: record metrics for it to serve.
+        parser.add_argument("--metrics-child", action="store_true", help=SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         registry.autodiscover()
@@ -110,6 +145,11 @@ class Command(BaseCommand):
             raise CommandError(f"{problem} Known queues: {', '.join(sorted(known)) or 'none'}.")
         placed = placement(names, options["database"], discovering=discover is not None)
         self.configure_logging(options["verbosity"])
+        if options["metrics_port"] is not None or options["metrics_child"]:
+            try:
+                metrics.prometheus()
+            except metrics.MetricsUnavailable as exc:
+                raise CommandError(f"--metrics-port: {exc}") from exc
         worker = None
         if options["processes"] == 1:
             worker = Worker(
@@ -130,11 +170,43 @@ class Command(BaseCommand):
         if not self.ready(list(placed), stopping, skip_checks=options["skip_checks"]):
             return  # stopped while waiting for the database: exit 0
         if worker is not None:
+            self.start_metrics(options)
             code = worker.run()
         else:
-            code = 0 if stopping.is_set() else Supervisor(child_argv(), options["processes"]).run()
+            code = 0 if stopping.is_set() else self.supervise(options)
         if code:
             sys.exit(code)
+
+    def start_metrics(self, options: dict[str, Any]) -> None:
+        """``--metrics-port`` (or, in a child of ``--processes``, ``--metrics-child``)."""
+        if options["metrics_child"]:
+            from ...exposition import record_as_child
+
+            record_as_child()
+        elif options["metrics_port"] is not None:
+            from ...exposition import serve_this_process
+
+            try:
+                serve_this_process(options["metrics_port"], options["metrics_address"])
+            except OSError as exc:
+                raise CommandError(f"--metrics-port {options['metrics_port']}: {exc}") from exc
+
+    def supervise(self, options: dict[str, Any]) -> int:
+        """``--processes N``: the supervisor, serving its children's metrics if asked."""
+        if options["metrics_port"] is None:
+            return Supervisor(child_argv(), options["processes"]).run()
+        from ...exposition import Multiprocess
+
+        served = Multiprocess()
+        try:
+            served.start(options["metrics_port"], options["metrics_address"])
+        except OSError as exc:
+            served.close()
+            raise CommandError(f"--metrics-port {options['metrics_port']}: {exc}") from exc
+        try:
+            return Supervisor(without_metrics_options(child_argv()), options["processes"]).run()
+        finally:
+            served.close()
 
     def ready(self, aliases: list[str], stopping: threading.Event, *, skip_checks: bool) -> bool:
         """Wait for each database (False: stopped meanwhile), then check that it is
