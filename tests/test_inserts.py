@@ -93,7 +93,9 @@ class TestManyItems:
         assert len(items) == 3
 
     def test_more_rows_than_one_statement_takes(self, queue):
-        count = inserts(QueueItem, "default").batch_size * 2 + 7
+        writer = inserts(QueueItem, "default")
+        shape, _ = writer.row(connection, queue.build({"n": 0}))
+        count = writer.batch_size(shape) * 2 + 7
         queue.enqueue_many([{"n": n} for n in range(count)])
         assert sorted(p["n"] for p in queue.items.values_list("payload", flat=True)) == list(
             range(count)

@@ -71,6 +71,7 @@ class Inserts(Generic[M]):
         self._statements: dict[tuple[Shape, int], tuple[str, str, str]] = {}
         self._bulk: dict[Shape, tuple[str, bool] | None] = {}
         self._computed: dict[Shape, list[str]] = {}
+        self._batch_sizes: dict[Shape, int] = {}
 
     @property
     def connection(self) -> BaseDatabaseWrapper:
@@ -131,16 +132,22 @@ class Inserts(Generic[M]):
         start = 0
         for shape, run in groupby(rows, key=lambda row: row[0]):
             values = [params for _, params in run]
-            for offset in range(0, len(values), self.batch_size):
-                batch = values[offset : offset + self.batch_size]
+            size = self.batch_size(shape)
+            for offset in range(0, len(values), size):
+                batch = values[offset : offset + size]
                 yield shape, items[start + offset : start + offset + len(batch)], batch
             start += len(values)
 
-    @cached_property
-    def batch_size(self) -> int:
-        """Rows per statement, as many as the database's limit on bound values allows."""
-        fields = list(self.fields.values())
-        return max(1, self.connection.ops.bulk_batch_size(fields, [None] * 10_000))
+    def batch_size(self, shape: Shape) -> int:
+        """Rows per statement of ``shape``, as many as the database's limit on bound
+        values allows for the columns it writes (not every column of the model: a row
+        leaves out the NULLs its columns default to)."""
+        size = self._batch_sizes.get(shape)
+        if size is None:
+            fields = [self.fields[name] for name, _ in shape]
+            size = max(1, self.connection.ops.bulk_batch_size(fields, [None] * 10_000))
+            self._batch_sizes[shape] = size
+        return size
 
     def rows(
         self, connection: BaseDatabaseWrapper, items: Sequence[M], varying: Sequence[str] | None
