@@ -77,6 +77,12 @@ def home_database(queue: str) -> str:
     return str(conf.queue_option(queue, "DATABASE") or router.db_for_write(QueueItem, queue=queue))
 
 
+def items_database(queue: str) -> str:
+    """Where ``queue``'s items are found: where a source of its handler keeps it (a Django
+    Tasks backend's ``DATABASE``), else its home (``home_database``)."""
+    return registry.database(queue) or home_database(queue)
+
+
 def default_database() -> str:
     """Where queues live unless placed: ``TXQUEUE["DATABASE"]``, else the router's answer
     for ``QueueItem``."""

@@ -12,7 +12,14 @@ from django.db import DatabaseError, connections
 
 from . import conf, schedule
 from .db import dialect
-from .validation import INT_RANGE, MAX_LABEL, check_json, queue_name_problem
+from .validation import (
+    INT_RANGE,
+    MAX_LABEL,
+    check_json,
+    queue_name_problem,
+    validate_int,
+    validate_label,
+)
 
 
 def _positive_number(value: Any) -> bool:
@@ -215,18 +222,16 @@ def _schedule_item_problems(options: dict[str, Any]) -> list[str]:
     problems = [key + " goes with TASK only" for key in ("ARGS", "KWARGS") if key in options]
     if (problem := queue_name_problem(options["QUEUE"])) is not None:
         problems.append(f"QUEUE: {problem}")
-    priority = options.get("PRIORITY", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        problems.append(f"PRIORITY is {priority!r}; it must be an integer")
-    elif not INT_RANGE[0] <= priority <= INT_RANGE[1]:
-        problems.append(f"PRIORITY is {priority!r}; it must be within {INT_RANGE}")
-    key = options.get("KEY")
-    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_LABEL):
-        problems.append(f"KEY is {key!r}; it must be None or 1 to {MAX_LABEL} characters")
-    try:
-        check_json(options.get("PAYLOAD"), "PAYLOAD")
-    except TypeError as exc:
-        problems.append(str(exc))
+    # What enqueue would refuse, in enqueue's own words.
+    for check in (
+        lambda: validate_int(options.get("PRIORITY", 0), "PRIORITY", *INT_RANGE),
+        lambda: validate_label(options.get("KEY"), "KEY"),
+        lambda: check_json(options.get("PAYLOAD"), "PAYLOAD"),
+    ):
+        try:
+            check()
+        except (TypeError, ValueError) as exc:
+            problems.append(str(exc))
     return problems
 
 

@@ -23,8 +23,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from . import monitoring, registry
-from .api import home_database, queue_databases
+from . import monitoring
+from .api import items_database, queue_databases
 from .logs import one_line
 from .models import Consumer, QueueItem, QueuePause
 from .readiness import missing_tables, unreachable
@@ -131,7 +131,7 @@ def check_ready_age(aliases: Sequence[str], max_age: float, queues: Sequence[str
     homes: dict[str, list[str]] = {}
     if queues:
         for name in dict.fromkeys(queues):
-            homes.setdefault(registry.database(name) or home_database(name), []).append(name)
+            homes.setdefault(items_database(name), []).append(name)
     else:
         homes = {alias: [] for alias in aliases}
     ages: dict[str, float] = {}

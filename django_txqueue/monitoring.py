@@ -125,10 +125,8 @@ def current(
     for count in counts.annotate(n=Count("pk")):
         setattr(row(count["queue"]), columns[count["status"]], count["n"])
 
-    waited = ExpressionWrapper(Now() - Min("run_at"), output_field=DurationField())
-    for oldest in items.order_by().ready().values("queue").annotate(age=waited):
-        age = oldest["age"]
-        row(oldest["queue"]).oldest_ready = max(age, dt.timedelta(0)) if age else None
+    for name, age in oldest_ready_ages(items).items():
+        row(name).oldest_ready = age or None  # nothing waited yet: shown as none
 
     for name in QueuePause.objects.using(items.db).values_list("queue", flat=True):
         row(name).paused = True

@@ -173,7 +173,8 @@ def test_the_dashboard_shows_pauses_and_a_button_to_users_who_may_change_items(q
     viewer_user.user_permissions.set(Permission.objects.filter(codename="view_queueitem"))
     viewer.force_login(viewer_user)
     page = viewer.get(reverse(DASHBOARD)).content.decode()
-    assert "paused" in page
+    row = page.split(f'data-queue="{queue.name}"')[1].split("</tr>")[0]
+    assert '<strong class="bad">paused</strong>' in row
     assert "txqueue-pause" not in page  # no form without the change permission
 
 

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
-from .. import registry
-from ..api import Queue, default_database, home_database, queue_databases
+from ..api import Queue, default_database, items_database, queue_databases
 from ..models import QueueItem
 
 
@@ -46,7 +45,7 @@ def queue_home(name: str, database: str | None) -> str:
     handler's source keeps it (a Tasks backend's ``DATABASE``), else its home."""
     if database is not None:
         return default_alias(database)
-    return registry.database(name) or home_database(name)
+    return items_database(name)
 
 
 def queue_names(alias: str) -> list[str]:
