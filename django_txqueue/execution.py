@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,12 @@ class Outcome:
         self.error = "".join(traceback.format_exception(exc))
         self.error_class = f"{cls.__module__}.{cls.__qualname__}"
         self.retry = retry
+
+
+def runner() -> Callable[[registry.Handler, QueueItem], Outcome]:
+    """How to run the handlers of a share of a batch: ``run_handler`` while traces are
+    recorded, else ``run_item``, which skips asking about tracing for each item."""
+    return run_handler if tracing.enabled() else run_item
 
 
 def run_handler(handle: registry.Handler, item: QueueItem) -> Outcome:

@@ -409,7 +409,7 @@ def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any
     sql, params = ack_statement(model, alias, claim_token, results)
 
     def run() -> int:
-        with connection.cursor() as cursor:
+        with dialect(connection).hot_cursor(connection) as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
 

@@ -65,14 +65,22 @@ def current_context() -> dict[str, str] | None:
     return carrier or None
 
 
+def enabled() -> bool:
+    """Whether a span would record anything: the API is installed and the project has
+    set a tracer provider. Asking costs microseconds (an environment lookup while none
+    is set): a consumer asks once per share of a batch (``execution.runner``)."""
+    otel = api()
+    return bool(otel) and not isinstance(otel.trace.get_tracer_provider(), otel.idle)
+
+
 def processing(item: QueueItem) -> contextlib.AbstractContextManager[Any]:
     """A CONSUMER span "process <queue>" around a handler run, current while it runs
     (the handler's own spans are its children) and linked to the enqueuer's span. Enters
     to the span, or to None without the API or a tracer provider (whose span would
     record nothing, yet cost microseconds)."""
-    otel = api()
-    if not otel or isinstance(otel.trace.get_tracer_provider(), otel.idle):
+    if not enabled():
         return NOTHING
+    otel = api()
     links = []
     if item.trace_context:
         context = otel.propagate.extract(item.trace_context)

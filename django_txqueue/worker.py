@@ -34,7 +34,7 @@ from .execution import (
     close_broken_connections,
     close_if_broken,
     drop_connection,
-    run_handler,
+    runner,
 )
 from .liveness import Liveness
 from .logs import forget_queries, one_line
@@ -323,10 +323,10 @@ class Worker:
             close_broken_connections()
         # A share comes from one claim, so from one station.
         station = self.stations[items[0]._state.db or self.using]
-        outcomes, handlers = [], station.rotation.handlers
+        outcomes, handlers, run = [], station.rotation.handlers, runner()
         for item in items:
             if self.in_flight.start(item):  # False: released by a shutdown meanwhile
-                outcomes.append(run_handler(handlers[item.queue], item))
+                outcomes.append(run(handlers[item.queue], item))
             if self.stopping.is_set() and outcomes:  # stopping: report each as it ends
                 self._report(station, outcomes)
                 outcomes = []

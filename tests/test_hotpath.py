@@ -275,3 +275,38 @@ class TestAckAndClaim:
             assert all("SKIP LOCKED" in statements[n + 1] for n in acks)
         done = QueueItem.objects.filter(queue="hotpath", status=Status.DONE)
         assert sorted(row.result["n"] for row in done) == list(range(30))
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's binding")
+class TestServerSideBinding:
+    """On PostgreSQL the claims and acknowledgements send their values apart from the
+    text (psycopg neither quotes each value nor re-splits the text per execute), and the
+    server prepares them when the connection's OPTIONS set ``prepare_threshold``."""
+
+    def test_the_claims_values_travel_apart_from_the_text(self):
+        Queue("hotpath").enqueue_many([{"n": n} for n in range(20)])
+        with CaptureQueriesContext(connection) as queries:
+            worker = drain({"hotpath": lambda item: None}, batch=10)
+        assert worker.processed == 20
+        claims = [q["sql"] for q in queries.captured_queries if "SKIP LOCKED" in q["sql"]]
+        assert claims and all("$1" in sql and "'hotpath'" not in sql for sql in claims)
+
+    def test_prepared_where_the_options_allow(self):
+        Queue("hotpath").enqueue_many([{"n": n} for n in range(40)])
+        options = connection.settings_dict["OPTIONS"]
+        connection.close()
+        options["prepare_threshold"] = 1  # prepared from the second execute on
+        try:
+            queue = Queue("hotpath")
+            for _ in range(2):
+                claimed = queue.claim(10)
+                results = {item.pk: None for item in claimed}
+                queue.claims.ack_and_claim(claimed[0].claim_token, results, 10)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT statement FROM pg_prepared_statements")
+                prepared = [row[0] for row in cursor.fetchall()]
+        finally:
+            del options["prepare_threshold"]
+            connection.close()
+        assert any("SKIP LOCKED" in sql and "acked" in sql for sql in prepared), prepared
+        assert any("SKIP LOCKED" in sql and "acked" not in sql for sql in prepared), prepared

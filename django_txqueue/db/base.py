@@ -108,10 +108,13 @@ class Dialect:
         together; return how many rows ``ack`` changed and the claimed items."""
         raise NotSupportedError(f"{self.vendor} runs acknowledgements on their own")
 
-    @staticmethod
-    def fetch(claim: ClaimStatement, sql: str, params: list[Any]) -> list[Any]:
+    def hot_cursor(self, connection: BaseDatabaseWrapper) -> Any:
+        """A cursor for the statements run once per batch (claims, acknowledgements)."""
+        return connection.cursor()
+
+    def fetch(self, claim: ClaimStatement, sql: str, params: list[Any]) -> list[Any]:
         """Run a statement that returns whole rows (``claim.columns()``) and load them."""
-        with claim.connection.cursor() as cursor:
+        with self.hot_cursor(claim.connection) as cursor:
             cursor.execute(sql, params)
             return claim.rows.load(cursor.fetchall())
 

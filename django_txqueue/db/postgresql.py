@@ -88,7 +88,7 @@ class PostgreSQL(Dialect):
         it (one snapshot) and hold their keys back."""
         ack_sql, ack_params = ack
         if claim.reads_other_rows:
-            with claim.connection.cursor() as cursor:
+            with self.hot_cursor(claim.connection) as cursor:
                 cursor.execute(ack_sql, ack_params)
                 acknowledged = int(cursor.rowcount)
             return acknowledged, self.claim_skip_locked(claim, values)
@@ -98,11 +98,26 @@ class PostgreSQL(Dialect):
             "SELECT (SELECT count(*) FROM acked), claimed.* "
             "FROM (SELECT 1) AS one LEFT JOIN claimed ON true"
         )
-        with claim.connection.cursor() as cursor:
+        with self.hot_cursor(claim.connection) as cursor:
             cursor.execute(sql, ack_params + claim_params)
             rows = cursor.fetchall()
         claimed = [row[1:] for row in rows if row[1] is not None]  # the pk: never NULL
         return int(rows[0][0]), claim.rows.load(claimed)
+
+    def hot_cursor(self, connection: BaseDatabaseWrapper) -> Any:
+        """A server-side binding cursor, through Django's wrapper (its errors, its query
+        log, its ``execute_wrapper``s): the parameters travel apart from the text, which
+        psycopg then neither quotes per value nor re-splits per execute, and which the
+        server prepares once where the connection allows it (``OPTIONS``'
+        ``prepare_threshold``; Django's default, None, prepares nothing, as a transaction
+        pool needs). Django's default cursor binds on the client instead."""
+        from django.db.backends.postgresql.base import ServerBindingCursor
+
+        wrapper: Any = connection  # _prepare_cursor: Django's own step of cursor()
+        wrapper.ensure_connection()
+        with wrapper.wrap_database_errors:
+            cursor: Any = ServerBindingCursor
+            return wrapper._prepare_cursor(cursor(wrapper.connection))
 
     @contextmanager
     def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> Iterator[bool]:
