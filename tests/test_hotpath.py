@@ -278,18 +278,21 @@ class TestAckAndClaim:
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's binding")
-class TestServerSideBinding:
-    """On PostgreSQL the claims and acknowledgements send their values apart from the
-    text (psycopg neither quotes each value nor re-splits the text per execute), and the
-    server prepares them when the connection's OPTIONS set ``prepare_threshold``."""
+class TestPreparedStatements:
+    """On PostgreSQL the claims and acknowledgements are prepared by the server when the
+    connection's OPTIONS set ``prepare_threshold`` (Django's default binds them on the
+    client, unprepared, as a transaction pool needs)."""
 
-    def test_the_claims_values_travel_apart_from_the_text(self):
+    def test_bound_on_the_client_by_default(self):
         Queue("hotpath").enqueue_many([{"n": n} for n in range(20)])
         with CaptureQueriesContext(connection) as queries:
             worker = drain({"hotpath": lambda item: None}, batch=10)
         assert worker.processed == 20
-        claims = [q["sql"] for q in queries.captured_queries if "SKIP LOCKED" in q["sql"]]
-        assert claims and all("$1" in sql and "'hotpath'" not in sql for sql in claims)
+        claims = [q["sql"] for q in queries.captured_queries if "'hotpath'" in q["sql"]]
+        assert claims and not any("$1" in sql for sql in claims)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+            assert cursor.fetchone()[0] == 0
 
     def test_prepared_where_the_options_allow(self):
         Queue("hotpath").enqueue_many([{"n": n} for n in range(40)])

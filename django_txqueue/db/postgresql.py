@@ -105,16 +105,19 @@ class PostgreSQL(Dialect):
         return int(rows[0][0]), claim.rows.load(claimed)
 
     def hot_cursor(self, connection: BaseDatabaseWrapper) -> Any:
-        """A server-side binding cursor, through Django's wrapper (its errors, its query
-        log, its ``execute_wrapper``s): the parameters travel apart from the text, which
-        psycopg then neither quotes per value nor re-splits per execute, and which the
-        server prepares once where the connection allows it (``OPTIONS``'
-        ``prepare_threshold``; Django's default, None, prepares nothing, as a transaction
-        pool needs). Django's default cursor binds on the client instead."""
+        """Where the connection prepares statements (``OPTIONS``' ``prepare_threshold``;
+        Django's default, None, prepares none, as a transaction pool needs), a cursor
+        that binds on the server, through Django's wrapper (its errors, its query log,
+        its ``execute_wrapper``s), so that the server plans each claim shape once:
+        Django's own cursor binds on the client, which nothing prepares. Unprepared,
+        server-side binding saves no client time and costs the server a little more
+        (measured: docs/benchmarks.md), so it is used only to prepare."""
         from django.db.backends.postgresql.base import ServerBindingCursor
 
         wrapper: Any = connection  # _prepare_cursor: Django's own step of cursor()
         wrapper.ensure_connection()
+        if wrapper.connection.prepare_threshold is None:
+            return connection.cursor()
         with wrapper.wrap_database_errors:
             cursor: Any = ServerBindingCursor
             return wrapper._prepare_cursor(cursor(wrapper.connection))
