@@ -45,6 +45,9 @@ def assert_same_as_row(item, row):
     for field in QueueItem._meta.concrete_fields:
         got, stored = getattr(item, field.attname), getattr(row, field.attname)
         assert type(got) is type(stored), field.name
+        # The same time zone object as Django's own read gives (the claim's cursor may
+        # read timestamps with psycopg's loader: db/postgresql.py, hot_cursor).
+        assert getattr(got, "tzinfo", None) is getattr(stored, "tzinfo", None), field.name
         if field.name == "lease_expires_at":
             assert got <= stored  # the consumer's heartbeat may have renewed it since
         else:
