@@ -1,7 +1,12 @@
 """Backlog scale: the claim rate of one consumer (batch 10) with 10,000 READY rows,
 with ``scale_rows`` finished (DONE) rows under 10,000 READY ones, and with ``scale_rows``
 READY rows; each as a percentage of the first. The big tables are made by the
-database itself (``RawQueue.insert_generated``), then analyzed."""
+database itself (``RawQueue.insert_generated``), then analyzed.
+
+Each window starts with the consumer, so what a consumer does at its start (its
+liveness thread's first heartbeat, rescue and purge) is in it: a cost there that grows
+with the table shows. Beside the rate, the process's CPU time per item (every thread):
+on a busy machine the rate swings by a third from run to run, the CPU time much less."""
 
 from __future__ import annotations
 
@@ -88,13 +93,24 @@ def run(
             raw.close()
         target.analyze()
         progress.phase(f"scale: claiming {claims:,} with {label}")
+        cpu = time.process_time()
         rate, claimed = claim_rate(target, claims)
+        cpu = time.process_time() - cpu
         rows.append(
-            {"backlog": label, "ready": ready, "done": done, "claimed": claimed, "rate": rate}
+            {
+                "backlog": label,
+                "ready": ready,
+                "done": done,
+                "claimed": claimed,
+                "rate": rate,
+                "cpu_us": 1e6 * cpu / claimed if claimed else None,
+            }
         )
     progress.phase("scale: deleting the backlog")
     clear(target, progress)
     connections[target.alias].close()
     for row in rows:
         row["percent"] = percent(row["rate"], rows[0]["rate"])
+        # The rate the CPU time alone allows, as a percentage of the first's.
+        row["cpu_percent"] = percent(rows[0]["cpu_us"], row["cpu_us"])
     return rows
