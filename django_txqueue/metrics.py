@@ -54,7 +54,7 @@ class Recorder:
     a child of ``--processes``, whose values go to the multiprocess directory)."""
 
     def __init__(self, registry: Any = None) -> None:
-        client = prometheus()
+        client = self.client = prometheus()
         kwargs = {"registry": registry}
         self.processed = client.Counter(
             "txqueue_items_processed",
@@ -102,23 +102,27 @@ class Recorder:
         )
         # Each metric's child per queue, looked up once: labels() takes a lock each time.
         self._children: dict[tuple[str, str], Any] = {}
+        self._batch_buckets = Buckets(self.batch)
 
     def _child(self, metric: str, queue: str) -> Any:
         key = (metric, queue)
         child = self._children.get(key)
         if child is None:
-            child = self._children[key] = getattr(self, metric).labels(queue=queue)
+            child = getattr(self, metric).labels(queue=queue)
+            if isinstance(getattr(self, metric), self.client.Histogram):
+                child = Buckets(child)
+            self._children[key] = child
         return child
 
     def claimed(self, items: list[QueueItem]) -> None:
         """One claim's items, on the consumer's main thread."""
-        self.batch.observe(len(items))
+        self._batch_buckets.observe([len(items)])
         now = time.time()
         for queue, group in by_queue(items, lambda item: item.queue):
             # Never load a deferred field for this: run_at comes with every claim.
             dues = [item.__dict__.get("run_at") for item in group]
             waits = [now - due.timestamp() for due in dues if due is not None]
-            observe_many(self._child("latency", queue), [w if w > 0 else 0.0 for w in waits])
+            self._child("latency", queue).observe([w if w > 0 else 0.0 for w in waits])
 
     def settled(self, outcomes: list[Outcome]) -> None:
         """Outcomes the database has, on the consumer's main thread: durations observed,
@@ -127,7 +131,7 @@ class Recorder:
         (released to run again)."""
         counted = [o for o in outcomes if o.acknowledged is not False and not o.lost]
         for queue, group in by_queue(counted, lambda outcome: outcome.item.queue):
-            observe_many(self._child("duration", queue), [o.duration for o in group])
+            self._child("duration", queue).observe([o.duration for o in group])
             errors = [o.item for o in group if o.error is not None]
             retried = sum(1 for item in errors if item.status == Status.READY)
             for metric, n in (
@@ -160,28 +164,39 @@ def by_queue(things: list[T], queue_of: Callable[[T], str]) -> Iterable[tuple[st
     return groups.items()
 
 
-def observe_many(child: Any, values: list[float]) -> None:
-    """``child.observe(v)`` for each of ``values``, added as one batch where the client's
-    histogram is as expected: one increment per bucket touched and one of the sum,
-    instead of two locked increments and a scan of the buckets per value. (Its buckets
-    hold per-bucket counts, made cumulative when collected; the bounds are inclusive.)
-    Anything else (another prometheus-client) gets the plain calls."""
-    if not values:
-        return
-    bounds = getattr(child, "_upper_bounds", None)
-    buckets = getattr(child, "_buckets", None)
-    total = getattr(child, "_sum", None)
-    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+class Buckets:
+    """A histogram (or a child of one) that takes a batch of values at once: one
+    increment per bucket touched and one of the sum, instead of two locked increments
+    and a scan of the buckets per value, where the client's histogram is laid out as
+    expected (its buckets hold per-bucket counts, made cumulative when collected; the
+    bounds are inclusive). Anything else (another prometheus-client) gets the plain
+    calls. The layout is looked at once, not per batch."""
+
+    def __init__(self, histogram: Any) -> None:
+        self.histogram = histogram
+        bounds = getattr(histogram, "_upper_bounds", None)
+        buckets = getattr(histogram, "_buckets", None)
+        total = getattr(histogram, "_sum", None)
+        expected = all(part is not None for part in (bounds, buckets, total))
+        expected = expected and len(bounds) == len(buckets)
+        # The bounds, the per-bucket counts and the sum; None: plain observe() calls.
+        self.parts: tuple[Any, Any, Any] | None = (bounds, buckets, total) if expected else None
+
+    def observe(self, values: list[float]) -> None:
+        if self.parts is None:
+            for value in values:
+                self.histogram.observe(value)
+            return
+        if not values:
+            return
+        bounds, buckets, total = self.parts
+        counts: dict[int, int] = {}
         for value in values:
-            child.observe(value)
-        return
-    counts = [0] * len(bounds)
-    for value in values:
-        counts[bisect_left(bounds, value)] += 1
-    for index, count in enumerate(counts):
-        if count:
+            index = bisect_left(bounds, value)
+            counts[index] = counts.get(index, 0) + 1
+        for index, count in counts.items():
             buckets[index].inc(count)
-    total.inc(sum(values))
+        total.inc(sum(values))
 
 
 # This process's recorder, or None: metrics off.

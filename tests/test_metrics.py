@@ -163,7 +163,7 @@ def test_observing_a_batch_gives_what_observing_each_value_gives(batched):
     for observed in values:
         each.observe(observed)
     # Not batched: a histogram unlike this client's gets plain observe() calls.
-    metrics.observe_many(many if batched else SimpleNamespace(observe=many.observe), values)
+    metrics.Buckets(many if batched else SimpleNamespace(observe=many.observe)).observe(values)
     get = registry.get_sample_value
     for le in ("0.001", "0.005", "0.01", "+Inf"):
         assert get("many_bucket", {"le": le}) == get("each_bucket", {"le": le}), le
