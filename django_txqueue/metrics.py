@@ -174,9 +174,9 @@ class Buckets:
 
     def __init__(self, histogram: Any) -> None:
         self.histogram = histogram
-        bounds = getattr(histogram, "_upper_bounds", None)
-        buckets = getattr(histogram, "_buckets", None)
-        total = getattr(histogram, "_sum", None)
+        bounds: Any = getattr(histogram, "_upper_bounds", None)
+        buckets: Any = getattr(histogram, "_buckets", None)
+        total: Any = getattr(histogram, "_sum", None)
         expected = all(part is not None for part in (bounds, buckets, total))
         expected = expected and len(bounds) == len(buckets)
         # The bounds, the per-bucket counts and the sum; None: plain observe() calls.
