@@ -79,3 +79,20 @@ class TestIsDisconnect:
                 cursor.execute("SET TRANSACTION READ ONLY")
             Queue("read-only").enqueue({})
         assert dialect_for("default").is_disconnect(raised.value)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's key arrays")
+@pytest.mark.django_db
+def test_integer_keys_go_as_one_array_text_others_as_a_list():
+    """Integer keys are sent as an array's text (psycopg dumps a list value by value);
+    the server reads either as the key column's array type."""
+    postgresql = dialect_for("default")
+    assert postgresql.pk_params([3, 2**40]) == ["{3,1099511627776}"]
+    assert postgresql.pk_params(["a,b", "c"]) == [["a,b", "c"]]  # no quoting of our own
+    items = Queue("keys").enqueue_many([1, 2, 3])
+    with connection.cursor() as cursor:
+        for params in (postgresql.pk_params([i.pk for i in items]), [[i.pk for i in items]]):
+            cursor.execute(
+                f"SELECT count(*) FROM {QueueItem._meta.db_table} WHERE id = ANY(%s)", params
+            )
+            assert cursor.fetchone()[0] == 3
