@@ -34,14 +34,13 @@ from django_txqueue import Consumer, QueueItem, Status
 
 from ..progress import Progress
 from ..target import Target
-from .gate import GATE_VARIABLE, Gate, at_first_call
+from .gate import GATE_VARIABLE, QUEUE_VARIABLE, Gate, at_first_call
 from .raw import RawQueue
 from .report import percent
 
 CHILD_TIMEOUT = 600.0  # seconds a drain may take before the bench gives up on it
 START_TIMEOUT = 120.0  # seconds the consumers may take to reach the start line
 MODES = ("process", "inprocess")
-QUEUE_VARIABLE = "TXQUEUE_BENCH_QUEUE"  # read by the bench app's queues.py
 
 
 def handle(item: QueueItem) -> None:

@@ -5,7 +5,8 @@ cores) is timed, and none drains alone while the others are still starting.
 
 A directory: a consumer arrives by writing ``ready.<pid>`` and waits for ``open``. Files,
 so that forked children and ``run_queue_consumer`` processes wait the same way; the
-bench's handler process finds the directory in ``TXQUEUE_BENCH_GATE``.
+bench's handler process finds the directory in ``TXQUEUE_BENCH_GATE``, beside the
+bench queue's name in ``TXQUEUE_BENCH_QUEUE`` (read by the app's ``queues.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 GATE_VARIABLE = "TXQUEUE_BENCH_GATE"
+QUEUE_VARIABLE = "TXQUEUE_BENCH_QUEUE"
 POLL = 0.0005  # seconds between looks at the gate: a start at most this late
 WAIT_LIMIT = 600.0  # a consumer whose gate never opens (the bench died) stops waiting
 
