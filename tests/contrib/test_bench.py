@@ -59,6 +59,15 @@ def test_of_a_database_path_only_the_files_name_counts(monkeypatch):
         call_command("txqueue_bench", "--json")
 
 
+def test_the_process_drain_needs_the_settings_module_by_name(monkeypatch):
+    from django.conf import settings
+
+    monkeypatch.setattr(settings, "SETTINGS_MODULE", None)
+    monkeypatch.delenv("DJANGO_SETTINGS_MODULE", raising=False)
+    with pytest.raises(CommandError, match="DJANGO_SETTINGS_MODULE.*--drain-mode inprocess"):
+        call_command("txqueue_bench", "--only", "drain")
+
+
 def test_rejects_unknown_parts():
     with pytest.raises(CommandError, match="--only takes"):
         call_command("txqueue_bench", "--only", "drain,nap")

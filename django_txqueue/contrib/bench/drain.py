@@ -190,16 +190,25 @@ def consumer_argv(target: Target, batch: int, strategy: str) -> list[str]:
     ]  # fmt: skip
 
 
+NO_SETTINGS_MODULE = (
+    "--drain-mode process starts run_queue_consumer processes, which need the settings "
+    "module by name (DJANGO_SETTINGS_MODULE; not settings.configure()): use --drain-mode "
+    "inprocess"
+)
+
+
+def settings_module() -> str | None:
+    """The settings' module, by which a consumer process loads the same settings."""
+    return settings.SETTINGS_MODULE or os.environ.get("DJANGO_SETTINGS_MODULE") or None
+
+
 def consumer_env(target: Target, gate: Gate) -> dict[str, str]:
     """This process's environment, its settings module and import path (so that the
     consumer opens the same database through the same code), the bench queue's name
     (for its no-op handler: ``queues.py``) and the start line."""
-    module = settings.SETTINGS_MODULE or os.environ.get("DJANGO_SETTINGS_MODULE")
+    module = settings_module()
     if not module:
-        raise RuntimeError(
-            "--drain-mode process starts run_queue_consumer processes, which need the "
-            "settings module (DJANGO_SETTINGS_MODULE); use --drain-mode inprocess"
-        )
+        raise RuntimeError(NO_SETTINGS_MODULE)
     return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": module,

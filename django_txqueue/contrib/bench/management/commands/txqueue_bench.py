@@ -122,6 +122,8 @@ class Command(BaseCommand):
             raise CommandError("--batch sizes must be at least 1")
         if min(options["processes"]) < 1:
             raise CommandError("--processes must be at least 1")
+        if "drain" in parts and options["drain_mode"] == "process" and not drain.settings_module():
+            raise CommandError(drain.NO_SETTINGS_MODULE)
         target = Target(alias, queue)
         check_safe_name(target, options["yes"])
         strategies = target.strategies()
