@@ -23,12 +23,11 @@ def prepare() -> None:
 
 
 def drain(items: int, processes: int) -> Drained:
+    # Forked Workers, as the peers' workers are forked (not run_queue_consumer processes).
     drained = bench_drain.drain_once(
         TARGET,
-        bench_drain.consume_with_worker,
+        bench_drain.starter(TARGET, BATCH, "skip_locked", processes, "inprocess"),
         items=items,
-        batch=BATCH,
-        strategy="skip_locked",
         processes=processes,
         progress=Progress(None),
         label=NAME,

@@ -8,17 +8,26 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from django_txqueue import Queue, Status
+from django_txqueue import Queue, Status, registry
 from django_txqueue.contrib.bench import drain
+from django_txqueue.contrib.bench.report import drain_table
 from django_txqueue.contrib.target import Target
 from django_txqueue.models import Consumer, QueueItem
-from tests.helpers import strategies
+from tests.helpers import child_env, strategies
 
 SMALL = [
     "--items", "200", "--batch", "1", "10", "--processes", "2",
     "--enqueue-items", "100", "--wakeup-items", "10", "--cold-starts", "1",
     "--idle-seconds", "0", "--scale-rows", "2000", "--scale-claims", "100",
 ]  # fmt: skip
+
+
+@pytest.fixture
+def consumers_open_this_database(monkeypatch):
+    """The drain's run_queue_consumer processes open this test database, as child_env()
+    tells a test's child processes."""
+    for name, value in child_env().items():
+        monkeypatch.setenv(name, value)
 
 
 def bench(*args):
@@ -48,6 +57,15 @@ def test_of_a_database_path_only_the_files_name_counts(monkeypatch):
     monkeypatch.setitem(connection.settings_dict, "NAME", "/srv/tests/production.sqlite3")
     with pytest.raises(CommandError, match=r"'production.sqlite3'.*--yes"):
         call_command("txqueue_bench", "--json")
+
+
+def test_the_process_drain_needs_the_settings_module_by_name(monkeypatch):
+    from django.conf import settings
+
+    monkeypatch.setattr(settings, "SETTINGS_MODULE", None)
+    monkeypatch.delenv("DJANGO_SETTINGS_MODULE", raising=False)
+    with pytest.raises(CommandError, match="DJANGO_SETTINGS_MODULE.*--drain-mode inprocess"):
+        call_command("txqueue_bench", "--only", "drain")
 
 
 def test_rejects_unknown_parts():
@@ -104,7 +122,7 @@ def test_the_fair_part_compares_fair_and_bounded_queues_with_plain_ones():
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_json_run_of_every_part_verifies_and_spares_other_queues():
+def test_a_json_run_of_every_part_verifies_and_spares_other_queues(consumers_open_this_database):
     Queue("real-work").enqueue_many([{"n": n} for n in range(5)])
     finished = Queue("real-work").claim(2, pid="tests:real")
     assert finished[0].ack()
@@ -159,7 +177,9 @@ def test_a_drain_that_leaves_an_item_unprocessed_fails(monkeypatch):
 
     monkeypatch.setattr(drain, "handle", fails_once)  # forked consumers inherit it
 
-    out, _, failed = bench("--json", "--only", "drain", "--items", "50", "--batch", "10")
+    out, _, failed = bench(
+        "--json", "--only", "drain", "--items", "50", "--batch", "10", "--drain-mode", "inprocess"
+    )  # fmt: skip
 
     assert failed is not None and "verification failed" in str(failed)
     report = json.loads(out)
@@ -167,6 +187,54 @@ def test_a_drain_that_leaves_an_item_unprocessed_fails(monkeypatch):
     assert [row["verified"] for row in report["drain"]] == [False] * len(strategies())
     assert any("1 item(s) ready after 1 attempt(s)" in p for p in report["problems"])
     assert any("processed 49 items, not 50" in p for p in report["problems"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_drain_runs_run_queue_consumer_processes_beside_the_hand_written_loop(
+    consumers_open_this_database,
+):
+    consumers = set(Consumer.objects.values_list("pk", flat=True))
+
+    out, _, failed = bench(
+        "--json", "--only", "drain", "--compare-raw", "--items", "200", "--batch", "10",
+        "--processes", "2",
+    )  # fmt: skip
+
+    assert failed is None, out
+    report = json.loads(out)
+    assert report["settings"]["drain_mode"] == "process"
+    assert [row["strategy"] for row in report["drain"]] == strategies()[::-1]
+    for row in report["drain"]:
+        assert row["mode"] == "process" and row["verified"] is True, row["problems"]
+        assert row["processed"] == 200 and row["processes"] == 2
+        assert row["ours"] > 0 and row["raw"] > 0
+        assert row["percent_of_first"] == pytest.approx(100)
+    assert not QueueItem.objects.filter(queue="txqueue-bench").exists()
+    # Their Consumer rows are gone, and this process got no handler for the bench queue.
+    assert set(Consumer.objects.values_list("pk", flat=True)) == consumers
+    registry.autodiscover()
+    assert "txqueue-bench" not in registry.handlers()
+
+
+def test_several_process_counts_print_side_by_side():
+    def row(processes, ours, raw):
+        return {
+            "strategy": "skip_locked", "batch": 10, "processes": processes, "items": 100,
+            "mode": "process", "ours": ours, "raw": raw, "percent": 100 * ours / raw,
+            "percent_of_first": 100 * ours / 400, "raw_percent_of_first": 100 * raw / 500,
+            "verified": True,
+        }  # fmt: skip
+
+    lines = drain_table([row(4, 400, 500), row(16, 360, 550)])
+
+    assert lines[0] == "100 items per drain, ours through run_queue_consumer processes"
+    assert lines[1].split() == [
+        "drain", "(no-op", "items)", "txqueue", "hand-written", "%", "of", "it", "txqueue",
+        "%", "of", "x4", "hand-written", "%", "of", "x4", "exactly", "once",
+    ]  # fmt: skip
+    assert lines[3].split() == [
+        "skip_locked,", "batch", "10,", "x16", "360/s", "550/s", "65%", "90%", "110%", "yes"
+    ]  # fmt: skip
 
 
 @pytest.mark.django_db(transaction=True)
@@ -186,5 +254,12 @@ def test_help_lists_every_option():
     from django_txqueue.contrib.bench.management.commands.txqueue_bench import Command
 
     text = Command().create_parser("manage.py", "txqueue_bench").format_help()
-    for option in ("--compare-raw", "--json", "--processes", "--scale-rows", "--yes"):
+    for option in (
+        "--compare-raw",
+        "--drain-mode",
+        "--json",
+        "--processes",
+        "--scale-rows",
+        "--yes",
+    ):
         assert option in text

@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import connections
@@ -41,6 +41,12 @@ NOTIFY_CHANNEL = "txqueue_bench_rtt"
 READY_INDEX = "txqueue_item_ready"  # QueueItem.Meta.indexes: the claim's own
 # SQLite writers begin IMMEDIATE, as the test and example settings configure Django's.
 BEGIN = {"postgresql": "BEGIN", "sqlite": "BEGIN IMMEDIATE"}
+# The database's clock as Django's Now() reads it for each vendor.
+NOW = {
+    "postgresql": "STATEMENT_TIMESTAMP()",
+    "mysql": "CURRENT_TIMESTAMP(6)",
+    "sqlite": "STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')",  # sqlite3 binds with ?: no % escapes
+}
 
 
 def connect(alias: str) -> Any:
@@ -266,20 +272,27 @@ class RawQueue:
         return ids
 
     def ack(self, ids: list[int]) -> None:
-        """One UPDATE for the whole batch."""
+        """One UPDATE for the whole batch. ``finished_at`` to the microsecond (MySQL's
+        and SQLite's CURRENT_TIMESTAMP has whole seconds): the drain's clock stops at
+        the last one, as Django's ``Now()`` writes it for ours."""
         marks = ", ".join(["%s"] * len(ids))
         self.execute(
-            f"UPDATE {self.table} SET status = %s, finished_at = CURRENT_TIMESTAMP"
+            f"UPDATE {self.table} SET status = %s, finished_at = {NOW[self.vendor]}"
             f" WHERE id IN ({marks}) AND status = %s",
             [Status.DONE, *ids, Status.IN_PROGRESS],
         )
 
-    def drain(self, batch: int, strategy: str) -> int:
-        """Claim and acknowledge until nothing is ready; returns how many items."""
+    def drain(self, batch: int, strategy: str, ready: Callable[[], None] | None = None) -> int:
+        """Claim and acknowledge until nothing is ready; returns how many items. With
+        ``ready``, call it once the first batch is claimed (the drain's start line)."""
         done = 0
-        while ids := self.claim(batch, strategy):
+        ids = self.claim(batch, strategy)
+        if ready is not None:
+            ready()
+        while ids:
             self.ack(ids)
             done += len(ids)
+            ids = self.claim(batch, strategy)
         return done
 
 

@@ -54,6 +54,32 @@ def ms(value: dict[str, Any] | None, key: str) -> str:
     return "-" if value is None else f"{value[key]:.2f} ms"
 
 
+DRAIN_MODES = {
+    "process": "run_queue_consumer processes",
+    "inprocess": "Worker in forked processes",
+}
+
+
+def drain_table(entries: list[dict[str, Any]]) -> list[str]:
+    """The drains; with several process counts, each rate as a share of the first's."""
+    counts = list(dict.fromkeys(entry["processes"] for entry in entries))
+    scaling = len(counts) > 1
+    head = ["drain (no-op items)", "txqueue", "hand-written", "% of it"]
+    if scaling:
+        head += [f"txqueue % of x{counts[0]}", f"hand-written % of x{counts[0]}"]
+    rows = [[*head, "exactly once"]]
+    for entry in entries:
+        shape = f"{entry['strategy']}, batch {entry['batch']}, x{entry['processes']}"
+        row = [shape, rate(entry["ours"]), rate(entry["raw"]), pct(entry["percent"])]
+        if scaling:
+            row += [pct(entry["percent_of_first"]), pct(entry["raw_percent_of_first"])]
+        rows.append([*row, "yes" if entry["verified"] else "NO"])
+    first = entries[0]
+    mode = DRAIN_MODES.get(first.get("mode", ""), first.get("mode", ""))
+    caption = f"{first['items']:,} items per drain, ours through {mode}"
+    return [caption, *columns(rows)]
+
+
 def table(result: dict[str, Any]) -> str:
     database = result["database"]
     out = [
@@ -69,14 +95,7 @@ def table(result: dict[str, Any]) -> str:
             )
         out += ["", *columns(rows)]
     if "drain" in result:
-        rows = [["drain (no-op items)", "txqueue", "hand-written", "% of it", "exactly once"]]
-        for entry in result["drain"]:
-            shape = f"{entry['strategy']}, batch {entry['batch']}, x{entry['processes']}"
-            verdict = "yes" if entry["verified"] else "NO"
-            rows.append(
-                [shape, rate(entry["ours"]), rate(entry["raw"]), pct(entry["percent"]), verdict]
-            )
-        out += ["", f"{result['drain'][0]['items']:,} items per drain", *columns(rows)]
+        out += ["", *drain_table(result["drain"])]
     if "wakeup" in result:
         wakeup = result["wakeup"]
         rows = [["wake-up, commit -> handler start", "n", "p50", "p95", "max", "p50 % of raw"]]

@@ -49,7 +49,20 @@ class Command(BaseCommand):
             "--batch", type=int, nargs="+", default=[1, 10, 100], help="Claim sizes to drain with."
         )
         parser.add_argument(
-            "--processes", type=int, default=1, help="Consumer processes per drain."
+            "--processes",
+            type=int,
+            nargs="+",
+            default=[1],
+            help="Consumer processes per drain; several (2 4 16) give a row each, side by "
+            "side, with each rate as a share of the first's.",
+        )
+        parser.add_argument(
+            "--drain-mode",
+            choices=drain.MODES,
+            default="process",
+            help="Drain through run_queue_consumer processes, what users run (process, the "
+            "default), or through the consumer's Worker in forked children of this "
+            "command (inprocess: no start-up, the consumer's loop alone).",
         )
         parser.add_argument(
             "--strategy",
@@ -102,11 +115,15 @@ class Command(BaseCommand):
         unknown = sorted(set(parts) - set(PARTS))
         if unknown or not parts:
             raise CommandError(f"--only takes {', '.join(PARTS)}; not {', '.join(unknown)}")
-        for name in ("items", "processes", "enqueue_items", "wakeup_items", "scale_rows"):
+        for name in ("items", "enqueue_items", "wakeup_items", "scale_rows"):
             if options[name] < 1:
                 raise CommandError(f"--{name.replace('_', '-')} must be at least 1")
         if min(options["batch"]) < 1:
             raise CommandError("--batch sizes must be at least 1")
+        if min(options["processes"]) < 1:
+            raise CommandError("--processes must be at least 1")
+        if "drain" in parts and options["drain_mode"] == "process" and not drain.settings_module():
+            raise CommandError(drain.NO_SETTINGS_MODULE)
         target = Target(alias, queue)
         check_safe_name(target, options["yes"])
         strategies = target.strategies()
@@ -127,6 +144,7 @@ class Command(BaseCommand):
                 "items",
                 "batch",
                 "processes",
+                "drain_mode",
                 "enqueue_items",
                 "wakeup_items",
                 "cold_starts",
@@ -156,9 +174,10 @@ class Command(BaseCommand):
                     strategies=strategies,
                     compare_raw=compare_raw,
                     progress=progress,
+                    mode=options["drain_mode"],
                 )
                 for row in result["drain"]:
-                    shape = f"drain {row['strategy']} batch {row['batch']}"
+                    shape = f"drain {row['strategy']} batch {row['batch']} x{row['processes']}"
                     problems += [f"{shape}: {problem}" for problem in row["problems"]]
             if "wakeup" in parts:
                 try:
