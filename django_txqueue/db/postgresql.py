@@ -187,8 +187,8 @@ class PostgreSQL(Dialect):
         return f"{pk} = ANY(%s)"
 
     def pk_params(self, pks: list[Any]) -> list[Any]:
-        # Integer keys as an array's text, which the server reads as the column's array
-        # type: psycopg dumps a list in Python, 1 µs per key, and a string at once.
+        # Integer keys as an array's text, which the server reads as an array of the
+        # column's type. psycopg dumps a list in Python, 1 µs per key; a string at once.
         if all(type(pk) is int for pk in pks):
             return ["{" + ",".join(map(str, pks)) + "}"]
         return [pks]
