@@ -6,6 +6,11 @@
   commit. A datagram carries no data a consumer trusts: any one, stray or not, can only
   cause one extra poll.
 
+A busy consumer never waits, but passes over its idle queues until a wake-up names one
+(``rotation``): it asks ``heard()`` once per turn, a look without blocking, for the names
+that came (during waits too), or for "every queue" where some may have been missed (a
+LISTEN just opened or broken, a new consumer's address just become known).
+
 Polling stays the fallback everywhere: a lost datagram or notification costs at most
 one ``POLL_INTERVAL``. A producer may hold an address list from before a consumer
 registered for ``ADDRESS_CACHE_SECONDS``; so for that long after registering, a
