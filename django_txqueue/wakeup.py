@@ -160,7 +160,8 @@ class Waiter:
         or a new consumer's first ADDRESS_CACHE_SECONDS just ended): then every queue may
         have new work. A busy consumer asks once per turn while some queue is idle."""
         # Not a connection attempt per turn while a LISTEN fails: once a POLL_INTERVAL.
-        self._open_listeners(down, retry_after=conf.get("POLL_INTERVAL"))
+        # Nor a probe of a deaf one, which blocks up to its timeout: the idle waits reprobe.
+        self._open_listeners(down, retry_after=conf.get("POLL_INTERVAL"), reprobe=False)
         if self.socket is not None and not self._known:
             if self.unknown_until is None:
                 self.unknown_until = time.monotonic() + ADDRESS_CACHE_SECONDS
@@ -175,15 +176,21 @@ class Waiter:
         missed, self._missed = self._missed, False
         return None if missed else names
 
-    def _open_listeners(self, down: frozenset[str], retry_after: float = 0.0) -> None:
-        """LISTEN on each database that has none yet, unless ``down``, found deaf, or
-        failed less than ``retry_after`` seconds ago."""
+    def _open_listeners(
+        self, down: frozenset[str], retry_after: float = 0.0, reprobe: bool = True
+    ) -> None:
+        """LISTEN on each database that has none yet, unless ``down``, found deaf (for
+        good unless ``reprobe``), or failed less than ``retry_after`` seconds ago."""
         now = time.monotonic()
         for alias in self.notifying:
             if (
                 alias not in self.listeners
                 and alias not in down
-                and self.deaf_until.get(alias, now) <= now
+                and (
+                    self.deaf_until.get(alias, now) <= now
+                    if reprobe
+                    else alias not in self.deaf_until
+                )
                 and self._failed_at.get(alias, -retry_after) + retry_after <= now
             ):
                 self._listen(alias)

@@ -475,3 +475,20 @@ class TestProbe:
         thread = later(0.1, Queue("mine").enqueue, {})
         assert waiter.wait(10) is True
         thread.join()
+
+    def test_a_busy_consumers_look_probes_once_and_leaves_reprobes_to_idle_waits(
+        self, make_waiter, elsewhere, monkeypatch
+    ):
+        """A probe of a deaf LISTEN blocks up to its timeout: a busy consumer pays it at
+        start, not every REPROBE_INTERVAL."""
+        monkeypatch.setattr("django_txqueue.db.postgresql.PROBE_TIMEOUT", 0.3)
+        waiter = make_waiter()
+        waiter.listen_via["default"] = elsewhere
+        assert waiter.heard() == set()
+        assert waiter.listener is None and "default" in waiter.deaf_until
+        waiter.deaf_until["default"] = time.monotonic()  # REPROBE_INTERVAL has passed
+        started = time.monotonic()
+        for _ in range(10):
+            assert waiter.heard() == set()
+        assert time.monotonic() - started < 0.25  # no probe
+        assert waiter.wait(0) is False and "default" in waiter.deaf_until  # this one does
