@@ -277,6 +277,20 @@ class TestHeard:
         self.announce(waiter, "mine")
         assert self.heard_soon(waiter) == {"mine"}
 
+    @notify
+    def test_a_failing_listen_is_tried_once_per_poll_interval(self, make_waiter, settings):
+        """Not a connection attempt on every turn of a busy consumer (the database or
+        LISTEN_DATABASES' alias down); an idle wait tries as before."""
+        settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 60}
+        waiter = make_waiter()
+        tries = []
+        waiter._listen = tries.append  # fails: opens nothing
+        for _ in range(5):
+            assert waiter.heard() == set()
+        assert tries == ["default"]
+        assert waiter.wait(0) is False
+        assert tries == ["default", "default"]
+
     @datagrams
     def test_a_new_consumer_hears_of_every_queue_once_producers_know_it(self, make_waiter):
         waiter = make_waiter(known=False)
