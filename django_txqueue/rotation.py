@@ -2,6 +2,13 @@
 
 - Its queues in turn, starting after the last one that gave items, so that a busy queue
   cannot starve the others.
+- A queue whose claim came back empty is idle: passed over, at no round trip, until a
+  wake-up names it (``wake``: a producer's NOTIFY or datagram, or this consumer settling
+  one of its items, which may free an ordered queue's next one), the whole consumer is
+  idle (its timed-out waits poll every queue, as before), or POLL_INTERVAL has passed
+  (items that come due unannounced: retries, scheduled and rescued items, producers on
+  other hosts). Without this, a consumer serving 50 queues with the work in one paid 49
+  empty claims per batch and drained at 8% of its one-queue rate.
 - The ``on_commit`` calls whose committing process did not run them (``outbox``): looked
   for at start, whenever the other queues are idle, and at least every POLL_INTERVAL,
   not on every turn of a busy loop.
@@ -13,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from . import conf, outbox, registry
@@ -47,6 +54,10 @@ class Rotation:
         self.discover = discover
         self.queues = {name: Queue(name, using=using) for name in self.handlers}
         self._next = 0  # position of the named queue to try first
+        # Idle queues: when each is claimed again unless woken first (monotonic).
+        self.idle: dict[str, float] = {}
+        # The last ``first_to_give`` passed over an idle queue: it did not claim from all.
+        self.passed_over = False
         self._outbox_due = 0.0
         self._discovery_due = 0.0
 
@@ -56,17 +67,34 @@ class Rotation:
         return [name for name in self.queues if name != outbox.QUEUE]
 
     def first_to_give(self, claim: Callable[[str], list[T]]) -> list[T]:
-        """``claim(name)`` from the queues in turn until one gives items; returns them."""
-        outbox_due = time.monotonic() >= self._outbox_due
+        """``claim(name)`` from the queues in turn, idle ones passed over, until one gives
+        items; returns them."""
+        now = time.monotonic()
+        outbox_due = now >= self._outbox_due
         if outbox_due and (items := self._claim_outbox(claim)):
             return items
-        names = self.woken_for()
+        names, idle = self.woken_for(), self.idle
+        self.passed_over = False
         for offset in range(len(names)):
             position = (self._next + offset) % len(names)
-            if items := claim(names[position]):
+            name = names[position]
+            if idle and idle.get(name, now) > now:
+                self.passed_over = True
+                continue
+            if items := claim(name):
+                idle.pop(name, None)
                 self._next = (position + 1) % len(names)
                 return items
+            idle[name] = now + conf.get("POLL_INTERVAL")
         return [] if outbox_due else self._claim_outbox(claim)
+
+    def wake(self, names: Iterable[str] | None) -> None:
+        """Claim from these idle queues again on the next turn (None: from every one)."""
+        if names is None:
+            self.idle.clear()
+            return
+        for name in names:
+            self.idle.pop(name, None)
 
     def _claim_outbox(self, claim: Callable[[str], list[T]]) -> list[T]:
         self._outbox_due = time.monotonic() + conf.get("POLL_INTERVAL")

@@ -6,6 +6,11 @@
   commit. A datagram carries no data a consumer trusts: any one, stray or not, can only
   cause one extra poll.
 
+A busy consumer never waits, but passes over its idle queues until a wake-up names one
+(``rotation``): it asks ``heard()`` once per turn, a look without blocking, for the names
+that came (during waits too), or for "every queue" where some may have been missed (a
+LISTEN just opened or broken, a new consumer's address just become known).
+
 Polling stays the fallback everywhere: a lost datagram or notification costs at most
 one ``POLL_INTERVAL``. A producer may hold an address list from before a consumer
 registered for ``ADDRESS_CACHE_SECONDS``; so for that long after registering, a
@@ -75,6 +80,12 @@ class Waiter:
         # (monotonic), when the probe is tried again; absent while not found deaf.
         self.deaf_until: dict[str, float] = {}
         self.socket: socket.socket | None = None
+        # Heard since the last ``heard()``: our queues named by wake-ups, and whether some
+        # wake-ups may have been missed.
+        self._heard: set[str] = set()
+        self._missed = False
+        self._failed_at: dict[str, float] = {}  # a LISTEN's last failure (monotonic)
+        self._known = False  # past unknown_until, as heard() found
         # Until then producers may not know this consumer's address: set on the first wait.
         self.unknown_until: float | None = None
         if len(self.notifying) < len(self.aliases) and conf.get("LOCAL_WAKEUP"):
@@ -124,22 +135,13 @@ class Waiter:
         """Sleep up to ``timeout`` seconds; True if woken for one of our queues. Databases
         ``down`` (their consumer lost them a moment ago) are not asked to LISTEN now, nor
         those found deaf until their next probe."""
-        now = time.monotonic()
-        for alias in self.notifying:
-            if (
-                alias not in self.listeners
-                and alias not in down
-                and self.deaf_until.get(alias, now) <= now
-            ):
-                self._listen(alias)
+        self._open_listeners(down)
         if self.socket is not None:
             if self.unknown_until is None:
                 self.unknown_until = time.monotonic() + ADDRESS_CACHE_SECONDS
             if time.monotonic() < self.unknown_until:
                 timeout = min(timeout, NEW_CONSUMER_POLL)
-        sources: list[Any] = [self._stop_read, *self.listeners.values()]
-        if self.socket is not None:
-            sources.append(self.socket)
+        sources = [self._stop_read, *self._sources()]
         deadline = time.monotonic() + timeout
         while (remaining := deadline - time.monotonic()) > 0:
             ready, _, _ = select.select(sources, [], [], remaining)
@@ -152,7 +154,62 @@ class Waiter:
                 return True
         return False
 
+    def heard(self, down: frozenset[str] = frozenset()) -> set[str] | None:
+        """Without blocking: the queue names announced since the last call (during waits
+        too), or None when some may have been missed (a LISTEN that opened or broke since,
+        or a new consumer's first ADDRESS_CACHE_SECONDS just ended): then every queue may
+        have new work. A busy consumer asks once per turn while some queue is idle."""
+        # Not a connection attempt per turn while a LISTEN fails: once a POLL_INTERVAL.
+        # Nor a probe of a deaf one, which blocks up to its timeout: the idle waits reprobe.
+        self._open_listeners(down, retry_after=conf.get("POLL_INTERVAL"), reprobe=False)
+        if self.socket is not None and not self._known:
+            if self.unknown_until is None:
+                self.unknown_until = time.monotonic() + ADDRESS_CACHE_SECONDS
+            if time.monotonic() >= self.unknown_until:
+                # Producers know this address now; until then their datagrams missed it.
+                self._known = self._missed = True
+        if sources := self._sources():
+            ready, _, _ = select.select(sources, [], [], 0)
+            if ready:
+                self._woken(ready)
+        names, self._heard = self._heard, set()
+        missed, self._missed = self._missed, False
+        return None if missed else names
+
+    def _open_listeners(
+        self, down: frozenset[str], retry_after: float = 0.0, reprobe: bool = True
+    ) -> None:
+        """LISTEN on each database that has none yet, unless ``down``, found deaf (for
+        good unless ``reprobe``), or failed less than ``retry_after`` seconds ago."""
+        now = time.monotonic()
+        for alias in self.notifying:
+            if (
+                alias not in self.listeners
+                and alias not in down
+                and (
+                    self.deaf_until.get(alias, now) <= now
+                    if reprobe
+                    else alias not in self.deaf_until
+                )
+                and self._failed_at.get(alias, -retry_after) + retry_after <= now
+            ):
+                self._listen(alias)
+                if alias in self.listeners:  # items committed before it went unannounced
+                    self._missed = True
+                    self._failed_at.pop(alias, None)
+                else:
+                    self._failed_at[alias] = now
+
+    def _sources(self) -> list[Any]:
+        """What becomes readable on a wake-up (not the stop pipe)."""
+        sources: list[Any] = list(self.listeners.values())
+        if self.socket is not None:
+            sources.append(self.socket)
+        return sources
+
     def _woken(self, ready: list[Any]) -> bool:
+        """Read the wake-ups ``ready`` (kept for ``heard``); True if one is for our
+        queues, or a LISTEN connection broke (what it would have heard is lost)."""
         names: set[str] = set()
         if self.socket is not None and self.socket in ready:
             while True:
@@ -160,18 +217,21 @@ class Waiter:
                     names.add(self.socket.recv(MAX_DATAGRAM).decode(errors="replace"))
                 except BlockingIOError:
                     break
+        names &= self.queues  # a stray datagram's text is kept nowhere
+        lost = False
         for alias, listener in list(self.listeners.items()):
             if listener not in ready:
                 continue
             try:
-                names |= listener.drain()
+                names |= listener.drain() & self.queues
             except Exception as exc:
                 logger.warning(
                     "lost the LISTEN connection to %r, polling until back: %s", alias, exc
                 )
                 self.close_listener(alias)
-                return True
-        return bool(names & self.queues)
+                self._missed = lost = True
+        self._heard |= names
+        return bool(names) or lost
 
     def interrupt(self) -> None:
         """Wake the waiting thread now (safe from a signal handler; a no-op once closed)."""

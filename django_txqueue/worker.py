@@ -231,6 +231,10 @@ class Worker:
         stations = [s for s in self.stations.values() if s.down_until <= now]
         for station in stations:
             self._on_database(station, self._settle)
+        if any(station.rotation.idle for station in stations):
+            # Idle queues cost no claim until a wake-up names them: a look, not a wait.
+            paused = frozenset(s.alias for s in self.stations.values() if s.down_until > now)
+            self._wake(self.waiter.heard(paused))
         claimed = False
         first = self._first_station % len(stations) if stations else 0
         # In turn, so that one database cannot take all the room.
@@ -245,12 +249,30 @@ class Worker:
             self._outcomes_arrived.wait(timeout=0.2)
             self._outcomes_arrived.clear()
         elif self.burst and not down:
-            return False
+            # Done only after a turn that claimed from every queue, idle ones too.
+            if not any(station.rotation.passed_over for station in stations):
+                return False
+            self._wake(None)
         else:  # idle; back to a failed database when its pause is over
             wait = min([self._idle_wait, *(until - now for until in down.values())])
-            self.waiter.wait(max(wait, 0), down=frozenset(down))
+            woken = self.waiter.wait(max(wait, 0), down=frozenset(down))
+            # Woken: claim from the queues named. Timed out: from every one (the idle
+            # consumer's poll, for items that came due unannounced).
+            self._wake(self.waiter.heard(frozenset(down)) if woken else None)
             self._idle_wait = min(self._idle_wait * 2, conf.get("POLL_INTERVAL"))
         return True
+
+    def _wake(self, names: set[str] | None) -> None:
+        """Claim from these idle queues again (None: every queue), on any database."""
+        for station in self.stations.values():
+            station.rotation.wake(names)
+
+    def _settled(self, station: Station, outcomes: list[Outcome]) -> None:
+        """Settled items leave the in-flight list, and their queues are claimed from
+        again: an ordered queue's next item, or a released one, may be claimable now."""
+        self.in_flight.remove(outcomes)
+        if outcomes and station.rotation.idle:
+            station.rotation.wake({outcome.item.queue for outcome in outcomes})
 
     def _on_database(self, station: Station, step: Callable[[Station], bool | None]) -> bool:
         """``step(station)``; a lost connection to its database pauses that station
@@ -272,7 +294,7 @@ class Worker:
         station.liveness.start()
         for name in station.rotation.discover_new():
             self.waiter.queues.add(name)
-        self.in_flight.remove(station.settler.settle(hold=station.acks_while_claiming))
+        self._settled(station, station.settler.settle(hold=station.acks_while_claiming))
 
     def _claim_for(self, station: Station) -> bool:
         """Claim from ``station``'s queues if there is room; True if it gave items."""
@@ -283,7 +305,7 @@ class Worker:
         free = min(self.batch, self.capacity - len(self.in_flight) + held)
         claimed = self._claim(station, free) if free > 0 else []
         if settler.holding:  # no claim ran to take it
-            self.in_flight.remove(settler.settle())
+            self._settled(station, settler.settle())
         if claimed:
             self._dispatch(claimed)
         return bool(claimed)
@@ -300,7 +322,7 @@ class Worker:
             *(held or (0, {})), limit, pid=self.identity, strategy=self.strategy, lease=self.lease
         )
         if held is not None:
-            self.in_flight.remove(station.settler.acknowledged(acknowledged))
+            self._settled(station, station.settler.acknowledged(acknowledged))
         return items
 
     def _dispatch(self, items: list[QueueItem]) -> None:

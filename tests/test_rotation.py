@@ -1,12 +1,19 @@
 """rotation.py: which queue a consumer claims from next. Queues in turn, so that a busy
-one cannot starve the others; the orphaned on_commit calls at start, when the others are
-idle and at least every POLL_INTERVAL; queues found as they come."""
+one cannot starve the others; idle ones passed over until woken or POLL_INTERVAL later;
+the orphaned on_commit calls at start, when the others are idle and at least every
+POLL_INTERVAL; queues found as they come. Then a consumer of 50 queues on a real
+database, its claims counted."""
 
 import time
+from collections import Counter
 
-from django_txqueue import Queue
+import pytest
+
+from django_txqueue import Queue, Status
 from django_txqueue.outbox import QUEUE as OUTBOX
 from django_txqueue.rotation import Rotation
+from django_txqueue.worker import Worker
+from tests.helpers import running, wait_for
 
 
 def noop(item):
@@ -80,3 +87,189 @@ def test_new_queues_are_found_when_a_look_is_due(db, monkeypatch):
 def test_without_a_discoverer_it_never_looks(db):
     Queue("elsewhere").enqueue({})
     assert rotation("a").discover_new() == []
+
+
+class TestIdleQueues:
+    """A queue whose claim came back empty is passed over until woken."""
+
+    def fifty(self, settings, poll=60):
+        settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": poll}
+        return rotation(*(f"q{n}" for n in range(50)))
+
+    def test_an_idle_queue_costs_no_claim_until_woken(self, settings):
+        turns = self.fifty(settings)
+        claims = Claims(q7=3)
+        assert turns.first_to_give(claims) == ["q7"] * 3
+        assert claims.tried == [OUTBOX, *(f"q{n}" for n in range(8))]
+        claims.tried.clear()
+        claims.items["q7"] = 1
+        assert turns.first_to_give(claims) == ["q7"]
+        assert claims.tried == [*(f"q{n}" for n in range(8, 50)), "q7"]
+        claims.tried.clear()
+        for _ in range(3):
+            assert turns.first_to_give(claims) == []
+        # q7 once more (empty), then only the outbox, tried whenever the others give
+        # nothing (its own rule): no claim of the 50 idle queues.
+        assert claims.tried == ["q7", OUTBOX, OUTBOX, OUTBOX]
+        assert turns.passed_over
+        turns.wake({"q3", "elsewhere"})  # a name it does not serve changes nothing
+        claims.items["q3"] = 2
+        claims.tried.clear()
+        assert turns.first_to_give(claims) == ["q3", "q3"]
+        assert claims.tried == ["q3"]
+
+    def test_waking_every_queue_claims_from_each_once(self, settings):
+        turns = self.fifty(settings)
+        turns.first_to_give(Claims())
+        claims = Claims()
+        turns.first_to_give(claims)
+        assert claims.tried == [OUTBOX] and turns.passed_over
+        turns.wake(None)
+        claims.tried.clear()
+        assert turns.first_to_give(claims) == []
+        assert claims.tried == [*(f"q{n}" for n in range(50)), OUTBOX]
+        assert not turns.passed_over
+
+    def test_an_idle_queue_is_claimed_again_after_poll_interval(self, settings):
+        turns = self.fifty(settings, poll=0.2)
+        turns.first_to_give(Claims())  # all idle
+        turns.wake({"q0"})
+        claims = Backlog(q0=100)
+        for _ in range(3):
+            turns.first_to_give(claims)
+        assert claims.tried == ["q0"] * 3  # the others idle
+        time.sleep(0.25)
+        claims.tried.clear()
+        claims.items["q9"] = 1
+        assert turns.first_to_give(claims) == ["q9"]  # due again, in its turn after q0
+        assert claims.tried == [OUTBOX, *(f"q{n}" for n in range(1, 10))]
+
+    def test_queues_with_work_take_turns_among_idle_ones(self, settings):
+        turns = self.fifty(settings)
+        claims = Backlog(q3=100, q40=100)
+        given = [turns.first_to_give(claims)[0] for _ in range(6)]
+        assert given == ["q3", "q40"] * 3
+        claims.tried.clear()
+        turns.first_to_give(claims), turns.first_to_give(claims)
+        assert claims.tried == ["q3", "q40"]  # no round trip to the 48 idle ones
+
+    def test_the_outbox_keeps_its_own_rule(self, settings):
+        settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 60}
+        turns = rotation("a", "b")
+        claims = Claims()
+        for _ in range(3):
+            turns.first_to_give(claims)
+        # At start; then each time the others give nothing (here: all idle).
+        assert claims.tried == [OUTBOX, "a", "b", OUTBOX, OUTBOX]
+
+
+class Backlog(Claims):
+    """Gives one item per claim while ``items[name]`` lasts."""
+
+    def __call__(self, name):
+        self.tried.append(name)
+        if self.items.get(name, 0) <= 0:
+            return []
+        self.items[name] -= 1
+        return [name]
+
+
+def noop_handler(item):
+    return None
+
+
+def slow_handler(item):
+    time.sleep(0.005)
+
+
+class ClaimLog:
+    """Counts the consumer's claims (one round trip each) by queue name."""
+
+    def __init__(self, monkeypatch):
+        self.names = Counter()
+        self.given = []
+        claim_from = Worker._claim_from
+
+        def counted(worker, station, name, limit):
+            items = claim_from(worker, station, name, limit)
+            self.names[name] += 1
+            if items:
+                self.given.append(name)
+            return items
+
+        monkeypatch.setattr(Worker, "_claim_from", counted)
+
+
+def fifty_queues(hot=noop_handler, **options):
+    """A consumer of queues spread-0 to spread-49, ``hot`` the handler of spread-0."""
+    handlers = {f"spread-{n}": noop_handler for n in range(50)}
+    handlers["spread-0"] = hot
+    return Worker(handlers=handlers, **options)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("fast_consumers")
+class TestManyQueues:
+    def test_idle_queues_cost_no_claim_per_turn(self, settings, monkeypatch):
+        settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 60}
+        log = ClaimLog(monkeypatch)
+        Queue("spread-0").enqueue_many([{"n": n} for n in range(400)])
+        assert fifty_queues(batch=10, burst=True).run() == 0
+        assert Queue("spread-0").count(status=Status.DONE) == 400
+        assert 40 <= log.names["spread-0"] <= 45  # 40 batches, the empty ones at the end
+        idle = [log.names[f"spread-{n}"] for n in range(1, 50)]
+        # At start, once when wake-ups start to reach it (a LISTEN opened, producers
+        # learnt its address: what they sent before is lost), and the burst's last pass:
+        # not once per batch (40 each before).
+        assert max(idle) <= 3, idle
+
+    def test_an_idle_queue_woken_by_a_producer_is_claimed_at_once(self, settings):
+        settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 60}
+        Queue("spread-0").enqueue_many([{"n": n} for n in range(2000)])
+        worker = fifty_queues(hot=slow_handler, batch=10)
+        with running(worker):
+            assert wait_for(lambda: "spread-7" in worker.rotation.idle)
+            time.sleep(0.5)  # past a new consumer's first ADDRESS_CACHE_SECONDS
+            started = time.monotonic()
+            Queue("spread-7").enqueue({"late": True})
+            assert wait_for(lambda: Queue("spread-7").count(status=Status.DONE), timeout=5)
+            took = time.monotonic() - started
+            assert Queue("spread-0").count(status=Status.READY) > 0  # still busy meanwhile
+        assert took < 1.5, took  # not the POLL_INTERVAL of a minute
+
+    def test_an_idle_queue_with_work_due_unannounced_is_claimed_within_poll_interval(
+        self, settings, monkeypatch
+    ):
+        settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 0.5}
+        log = ClaimLog(monkeypatch)
+        Queue("spread-0").enqueue_many([{"n": n} for n in range(3000)])
+        # Its wake-up comes at once, while it is not due: nothing announces it later.
+        Queue("spread-7").enqueue({"later": True}, delay=1)
+        worker = fifty_queues(hot=slow_handler, batch=10)
+        started = time.monotonic()
+        with running(worker):
+            assert wait_for(lambda: Queue("spread-7").count(status=Status.DONE), timeout=5)
+            took = time.monotonic() - started
+            assert Queue("spread-0").count(status=Status.READY) > 0  # still busy meanwhile
+        # Claimed once per POLL_INTERVAL while it waited (and twice at start, as every
+        # queue), not once per batch.
+        assert log.names["spread-7"] <= took / 0.5 + 3, (log.names, took)
+
+    def test_queues_with_work_share_the_consumer(self, settings, monkeypatch):
+        settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 60}
+        log = ClaimLog(monkeypatch)
+        Queue("spread-3").enqueue_many([{"n": n} for n in range(100)])
+        Queue("spread-30").enqueue_many([{"n": n} for n in range(100)])
+        assert fifty_queues(batch=10, burst=True).run() == 0
+        assert log.given[:20] == ["spread-3", "spread-30"] * 10
+
+    def test_a_burst_ends_only_after_claiming_from_every_queue(self, settings):
+        settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 60}
+        Queue("spread-0").enqueue_many([{"n": n} for n in range(300)])
+        # Not due at the first passes: idle until the burst's last one claims it.
+        Queue("spread-7").enqueue({"later": True}, delay=0.5)
+        started = time.monotonic()
+        assert fifty_queues(hot=slow_handler, batch=10, burst=True).run() == 0
+        assert time.monotonic() - started > 0.5  # the hot queue outlasted the delay
+        assert Queue("spread-7").count(status=Status.DONE) == 1
+        assert Queue("spread-0").count(status=Status.DONE) == 300

@@ -204,6 +204,102 @@ class TestNotify:
         assert waiter.listener is not None
 
 
+@pytest.mark.django_db(transaction=True)
+class TestHeard:
+    """``heard()``: what a busy consumer, which never waits, asks once per turn while
+    some of its queues are idle: the names announced, at once, without blocking."""
+
+    def announce(self, waiter, name):
+        """A producer's wake-up naming ``name``: a committed enqueue on PostgreSQL, a
+        datagram elsewhere."""
+        if waiter.notifying:
+            Queue(name).enqueue({})
+        else:
+            send(waiter.address, name.encode())
+
+    def ready(self, make_waiter, queues=("mine", "also-mine")):
+        waiter = make_waiter(queues)
+        # The first look opens the LISTEN or finds producers know the address: what was
+        # announced before may have been missed, so it says so (None: every queue).
+        assert waiter.heard() is None
+        assert waiter.heard() == set()
+        return waiter
+
+    def heard_soon(self, waiter):
+        """Asked as a busy consumer does, each turn, until something comes."""
+        found: set[str] = set()
+        deadline = time.monotonic() + 5
+        while not found and time.monotonic() < deadline:
+            started = time.monotonic()
+            found = waiter.heard()
+            assert time.monotonic() - started < 0.1  # a look, not a wait
+            time.sleep(0.01)
+        return found
+
+    def test_names_of_its_queues_and_no_others(self, make_waiter):
+        waiter = self.ready(make_waiter)
+        self.announce(waiter, "theirs")
+        self.announce(waiter, "also-mine")
+        self.announce(waiter, "mine")
+        time.sleep(0.1)  # all three arrived
+        assert self.heard_soon(waiter) == {"mine", "also-mine"}
+        assert waiter.heard() == set()  # each told once
+
+    def test_what_a_wait_heard_is_kept_for_it(self, make_waiter):
+        waiter = self.ready(make_waiter)
+        thread = later(0.1, self.announce, waiter, "mine")
+        try:
+            assert waiter.wait(10) is True
+        finally:
+            thread.join()
+        assert waiter.heard() == {"mine"}
+
+    def test_it_leaves_a_stop_request_for_the_wait(self, make_waiter):
+        waiter = self.ready(make_waiter)
+        waiter.interrupt()
+        assert waiter.heard() == set()
+        woken, took = timed(waiter.wait, 10)
+        assert woken is True and took < 1
+
+    @notify
+    def test_a_lost_listen_connection_means_every_queue(self, make_waiter):
+        waiter = self.ready(make_waiter)
+        backend_pid = waiter.listener.connection.info.backend_pid
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [backend_pid])
+        lost = []
+        while waiter.listener is not None and len(lost) < 500:  # until a look finds it lost
+            lost.append(waiter.heard())
+            time.sleep(0.01)
+        assert waiter.listener is None and lost[-1] is None
+        assert waiter.heard() is None  # opened again: what came meanwhile was missed
+        assert waiter.listener is not None
+        self.announce(waiter, "mine")
+        assert self.heard_soon(waiter) == {"mine"}
+
+    @notify
+    def test_a_failing_listen_is_tried_once_per_poll_interval(self, make_waiter, settings):
+        """Not a connection attempt on every turn of a busy consumer (the database or
+        LISTEN_DATABASES' alias down); an idle wait tries as before."""
+        settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 60}
+        waiter = make_waiter()
+        tries = []
+        waiter._listen = tries.append  # fails: opens nothing
+        for _ in range(5):
+            assert waiter.heard() == set()
+        assert tries == ["default"]
+        assert waiter.wait(0) is False
+        assert tries == ["default", "default"]
+
+    @datagrams
+    def test_a_new_consumer_hears_of_every_queue_once_producers_know_it(self, make_waiter):
+        waiter = make_waiter(known=False)
+        assert waiter.heard() == set()  # producers may not know its address yet
+        time.sleep(wakeup.ADDRESS_CACHE_SECONDS + 0.05)
+        assert waiter.heard() is None  # what they sent meanwhile went elsewhere
+        assert waiter.heard() == set()
+
+
 class TestClose:
     def test_close_after_waiting(self, make_waiter, db):
         waiter = make_waiter()
@@ -393,3 +489,20 @@ class TestProbe:
         thread = later(0.1, Queue("mine").enqueue, {})
         assert waiter.wait(10) is True
         thread.join()
+
+    def test_a_busy_consumers_look_probes_once_and_leaves_reprobes_to_idle_waits(
+        self, make_waiter, elsewhere, monkeypatch
+    ):
+        """A probe of a deaf LISTEN blocks up to its timeout: a busy consumer pays it at
+        start, not every REPROBE_INTERVAL."""
+        monkeypatch.setattr("django_txqueue.db.postgresql.PROBE_TIMEOUT", 0.3)
+        waiter = make_waiter()
+        waiter.listen_via["default"] = elsewhere
+        assert waiter.heard() == set()
+        assert waiter.listener is None and "default" in waiter.deaf_until
+        waiter.deaf_until["default"] = time.monotonic()  # REPROBE_INTERVAL has passed
+        started = time.monotonic()
+        for _ in range(10):
+            assert waiter.heard() == set()
+        assert time.monotonic() - started < 0.25  # no probe
+        assert waiter.wait(0) is False and "default" in waiter.deaf_until  # this one does

@@ -11,15 +11,16 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_txqueue.contrib.bench import drain, enqueue, fair, scale, wakeup
+from django_txqueue.contrib.bench import drain, enqueue, fair, scale, spread, wakeup
 from django_txqueue.contrib.bench.report import table
 from django_txqueue.contrib.progress import Progress
 from django_txqueue.contrib.target import Target
 from django_txqueue.management import own_queue
 
-PARTS = ("enqueue", "drain", "wakeup", "scale", "fair")
-# "fair" (fair and bounded queues against plain ones) runs when asked for.
-DEFAULT_PARTS = PARTS[:-1]
+PARTS = ("enqueue", "drain", "wakeup", "scale", "spread", "fair")
+# "spread" (one consumer serving many queues) and "fair" (fair and bounded queues against
+# plain ones) run when asked for.
+DEFAULT_PARTS = PARTS[:-2]
 SAFE_WORDS = ("test", "bench", "staging")
 
 
@@ -198,6 +199,13 @@ class Command(BaseCommand):
                     claims=options["scale_claims"],
                     progress=progress,
                 )
+            if "spread" in parts:
+                result["spread"] = spread.run(
+                    target, items=options["items"], batches=options["batch"], progress=progress
+                )
+                for row in result["spread"]:
+                    shape = f"spread {row['shape']} batch {row['batch']}"
+                    problems += [f"{shape}: {problem}" for problem in row["problems"]]
             if "fair" in parts:
                 result["fair"] = fair.run(
                     target,
