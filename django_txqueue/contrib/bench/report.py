@@ -113,7 +113,8 @@ def table(result: dict[str, Any]) -> str:
         if wakeup.get("idle_cpu_percent") is not None:
             out.append(f"idle consumer CPU: {wakeup['idle_cpu_percent']:.2f}% of one core")
     if "scale" in result:
-        rows = [["claim rate (batch 10)", "ready", "done", "claimed", "txqueue", "% of 10k"]]
+        header = ["claim rate (batch 10)", "ready", "done", "claimed", "txqueue", "% of 10k"]
+        rows = [[*header, "CPU µs/item", "CPU % of 10k"]]
         for entry in result["scale"]:
             rows.append(
                 [
@@ -123,9 +124,15 @@ def table(result: dict[str, Any]) -> str:
                     f"{entry['claimed']:,}",
                     rate(entry["rate"]),
                     pct(entry["percent"]),
+                    "-" if entry["cpu_us"] is None else f"{entry['cpu_us']:.0f}",
+                    pct(entry["cpu_percent"]),
                 ]
             )
         out += ["", *columns(rows)]
+    if "spread" in result:
+        from .spread import lines  # spread imports drain, which imports this module
+
+        out += ["", *lines(result["spread"])]
     if "fair" in result:
         rows = [["claim rate (batch 10)", "claimed", "txqueue", "% of plain", "% of 10k"]]
         for entry in result["fair"]["claims"]:
