@@ -16,10 +16,9 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from .api import queue_databases
-from .db import dialect_for
 from .metrics import prometheus
 from .models import Consumer, QueueItem
-from .monitoring import QueueRow, gauges
+from .monitoring import QueueRow, gauges, known_queue_names
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +31,8 @@ def queue_rows(aliases: list[str]) -> dict[str, QueueRow]:
     databases hold it (its oldest due item: the oldest of them)."""
     merged: dict[str, QueueRow] = {}
     for alias in aliases:
-        items = QueueItem.objects.using(alias)
-        names = dialect_for(alias).distinct_values(items, "queue")  # an index skip scan
-        for row in gauges(items, Consumer.objects.using(alias), names):
+        items, consumers = QueueItem.objects.using(alias), Consumer.objects.using(alias)
+        for row in gauges(items, consumers, known_queue_names(items, consumers)):
             total = merged.setdefault(row.name, QueueRow(row.name))
             for status in (*STATUSES, "consumers"):
                 setattr(total, status, getattr(total, status) + getattr(row, status))

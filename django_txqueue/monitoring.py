@@ -19,7 +19,7 @@ from django.db.models import Count, DurationField, ExpressionWrapper, Min, Query
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
-from . import conf, fairness
+from . import conf, fairness, registry
 from .db import dialect_for
 from .models import (
     Consumer,
@@ -135,6 +135,22 @@ def current(
     for name, serving in Counter(name for queues in live for name in queues).items():
         row(name).consumers = serving
     return len(live)
+
+
+def known_queue_names(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> list[str]:
+    """The queues known by name, sorted: configured (``TXQUEUE["QUEUES"]``), with a handler
+    in this process (``@handler``, a Tasks backend's), listed by a ``Consumer`` row of the
+    items' database (running or stopped, until its row is purged), or paused there.
+
+    Read without the items: no index is led by the queue name over every row (those led
+    by it hold one status each), so the items' distinct names would cost a read of the
+    whole table per name, seconds at a million rows. Queues with unfinished items are
+    found by ``current``'s grouped count anyway."""
+    names = set(conf.get("QUEUES")) | set(registry.handlers())
+    for queues in consumers.values_list("queues", flat=True):
+        names.update(queues)
+    names.update(QueuePause.objects.using(items.db).values_list("queue", flat=True))
+    return sorted(names)
 
 
 def gauges(

@@ -21,7 +21,7 @@ from django.test import override_settings
 
 from django_txqueue import Queue, Status, metrics
 from django_txqueue.checks import check_metrics_token
-from django_txqueue.models import Consumer
+from django_txqueue.models import Consumer, QueueItem
 from tests.helpers import FAST, ROOT, child_env, worker_for
 from tests.helpers import wait_for as poll
 
@@ -66,8 +66,18 @@ def value(found, name, **labels):
     return found.get((name, frozenset(labels.items())))
 
 
+def known_queues():
+    """The queues a scrape reports even without items: configured, or with a handler here."""
+    from django.conf import settings
+
+    from django_txqueue import registry
+
+    return set(settings.TXQUEUE.get("QUEUES", {})) | set(registry.handlers())
+
+
 def assert_bounded_labels(text, queues):
     """Every label is a queue name, a status or a histogram bucket: none an item id."""
+    queues = set(queues) | known_queues()
     for family in text_string_to_metric_families(text):
         assert family.name in METRICS, family.name
         for sample in family.samples:
@@ -210,6 +220,36 @@ def test_the_view_serves_staff_with_the_view_permission(client, filled):
     assert_bounded_labels(text, {"echo", "boom"})
     # The web process runs no handlers: its scrape has the database's gauges only.
     assert {family.name for family in text_string_to_metric_families(text)} == GAUGES
+
+
+def test_a_scrape_reads_no_queue_name_from_the_items(db):
+    """The queues are known by name (settings, handlers, Consumer rows, pauses) or found
+    by the grouped count of unfinished items: no read of every row per queue name, so a
+    scrape's queries do not grow with the queues that only have finished items."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_txqueue.collector import queue_rows
+
+    def scrape():
+        with CaptureQueriesContext(connection) as queries:
+            rows = queue_rows(["default"])
+        return rows, len(queries)
+
+    Queue("served").enqueue({})
+    Consumer.objects.create(identity="c1", host="h", os_pid=1, queues=["served", "idle"])
+    for n in range(3):
+        Queue(f"finished-{n}").enqueue({})
+    QueueItem.objects.filter(queue__startswith="finished-").update(status=Status.DONE)
+    rows, before = scrape()
+    for n in range(3, 9):
+        Queue(f"finished-{n}").enqueue({})
+    QueueItem.objects.filter(queue__startswith="finished-").update(status=Status.DONE)
+    rows, after = scrape()
+    assert after == before
+    assert rows["served"].ready == 1 and rows["idle"].ready == 0  # a consumer's queue
+    assert not any(name.startswith("finished-") for name in rows)
+    assert known_queues() <= set(rows)
 
 
 @override_settings(TXQUEUE={"METRICS_TOKEN": TOKEN})
