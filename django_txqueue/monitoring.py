@@ -35,6 +35,10 @@ MINUTES = 60  # the span of the throughput chart
 # Queue.stats() counts DONE items up to this many; past that, the planner's estimate
 # stands: counting a million finished rows reads them all.
 EXACT_DONE_UP_TO = 10_000
+# A scrape counts each queue's DONE items while the table holds at most this many rows
+# (by its statistics); past that it takes the planner's estimate. No index is led by the
+# queue over DONE rows, so a bounded count of a queue with few of them reads the table.
+SCRAPE_COUNTS_UP_TO = 100_000
 
 
 @dataclass
@@ -139,8 +143,9 @@ def current(
 
 def known_queue_names(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> list[str]:
     """The queues known by name, sorted: configured (``TXQUEUE["QUEUES"]``), with a handler
-    in this process (``@handler``, a Tasks backend's), listed by a ``Consumer`` row of the
-    items' database (running or stopped, until its row is purged), or paused there.
+    registered in this process (``@handler``, a Tasks backend's: a consumer's, or a web
+    process's that imported them), listed by a ``Consumer`` row of the items' database
+    (running or stopped, until its row is purged), or paused there.
 
     Read without the items: no index is led by the queue name over every row (those led
     by it hold one status each), so the items' distinct names would cost a read of the
@@ -158,7 +163,8 @@ def gauges(
 ) -> list[QueueRow]:
     """What a Prometheus scrape reads (``collector.py``), per queue with items or consumers,
     and ``names`` (the queues with handlers here) even when empty: ``current``'s four
-    queries, then one bounded count of DONE items per queue (``EXACT_DONE_UP_TO``)."""
+    queries, then per queue its DONE items: counted up to ``EXACT_DONE_UP_TO`` while the
+    table is small (``SCRAPE_COUNTS_UP_TO``), else the planner's estimate."""
     rows = {name: QueueRow(name) for name in names}
 
     def row(name: str) -> QueueRow:
@@ -166,9 +172,14 @@ def gauges(
 
     current(items, consumers, row)
     counting = dialect_for(items.db)
+    table = counting.table_rows(items)  # statistics; None where none are kept (SQLite)
+    exact = table is None or table <= SCRAPE_COUNTS_UP_TO
     for queue in rows.values():
         done = items.filter(queue=queue.name, status=Status.DONE)
-        queue.done = counting.estimated_count(done, EXACT_DONE_UP_TO)
+        if exact:
+            queue.done = counting.estimated_count(done, EXACT_DONE_UP_TO)
+        else:
+            queue.done = counting.approximate_count(done)
     return sorted(rows.values(), key=lambda r: r.name)
 
 

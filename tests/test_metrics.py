@@ -252,6 +252,28 @@ def test_a_scrape_reads_no_queue_name_from_the_items(db):
     assert known_queues() <= set(rows)
 
 
+def test_past_a_small_table_done_items_are_the_planners_estimate(db, monkeypatch):
+    """DONE items have no index led by their queue: a scrape counts them only while the
+    table is small, and past that asks the planner (EXPLAIN, no count)."""
+    from django_txqueue import monitoring
+    from django_txqueue.collector import queue_rows
+    from django_txqueue.db import dialect_for
+
+    Queue("echo").enqueue({})
+    # Reported while all its items are DONE: a consumer serves it.
+    Consumer.objects.create(identity="c1", host="h", os_pid=1, queues=["echo"])
+    QueueItem.objects.update(status=Status.DONE)
+    assert queue_rows(["default"])["echo"].done == 1  # a small table: counted
+    dialect = type(dialect_for("default"))
+    rows = monitoring.SCRAPE_COUNTS_UP_TO + 1
+    monkeypatch.setattr(dialect, "table_rows", lambda self, queryset: rows)
+    monkeypatch.setattr(dialect, "approximate_count", lambda self, queryset: 12_345)
+    counted = []
+    monkeypatch.setattr(dialect, "estimated_count", lambda self, *args: counted.append(args))
+    assert queue_rows(["default"])["echo"].done == 12_345
+    assert counted == []  # no bounded count read the table
+
+
 @override_settings(TXQUEUE={"METRICS_TOKEN": TOKEN})
 def test_the_view_serves_a_bearer_of_the_token(client, filled):
     answer = client.get("/txqueue/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
