@@ -28,7 +28,6 @@ from django.db.models import Count, Exists, OuterRef, Q
 
 from . import conf
 from .db.rounds import read_rounds
-from .models import any_status
 from .status import Status
 
 if TYPE_CHECKING:
@@ -70,20 +69,29 @@ def assign_rounds(items: list[QueueItem], using: str) -> None:
 
 def in_key_order(items: QuerySet[QueueItem], limit: int) -> QuerySet[QueueItem]:
     """The items among ``items`` that a claim may take when each key runs at most
-    ``limit`` at once, in enqueue order: those with fewer than ``limit`` unfinished
-    items of their key before them, while fewer than ``limit`` of the key run (or with
-    no key at all, from before the queue was limited). With ``limit`` 1, an ordered
-    queue: no earlier item waiting or running. Within one claim the snapshot ranks the
-    key's items, so a batch never takes more than the key's free places either.
+    ``limit`` at once, in enqueue order: those whose key's running items and waiting
+    items before them number fewer than ``limit`` (and those with no key at all, from
+    before the queue was limited). With ``limit`` 1, an ordered queue: no earlier item
+    waiting and none running. One claim's snapshot counts the same items for each
+    candidate, so a batch takes no more than the key's free places either.
 
-    Per candidate, a probe of the key index counting at most ``limit`` entries; the
+    Per candidate, index probes of the key index that each stop at their count; the
     running items are few, and the planners read them once (PostgreSQL hashes them,
     MariaDB materialises them)."""
     same_key = items.model._default_manager.filter(key=OuterRef("key"), queue=OuterRef("queue"))
-    earlier = same_key.filter(any_status(Status.READY, Status.IN_PROGRESS), pk__lt=OuterRef("pk"))
     running = same_key.filter(status=Status.IN_PROGRESS)
-    # "At least ``limit`` rows": the row at offset limit - 1 exists.
-    full = Exists(earlier[limit - 1 : limit]) | Exists(running[limit - 1 : limit])
+    ahead = same_key.filter(status=Status.READY, pk__lt=OuterRef("pk"))
+
+    def at_least(rows: QuerySet[QueueItem], n: int) -> Exists:
+        return Exists(rows[n - 1 : n])  # the row at offset n - 1 exists
+
+    # Full for this item: its key's running items and the waiting ones ahead of it number
+    # ``limit`` or more, whatever their primary keys (a running item may have been
+    # enqueued after a waiting one that a rescue or a retry made READY again). As k
+    # running and ``limit`` - k ahead, each an index probe that stops at its count.
+    full = Q(at_least(running, limit)) | Q(at_least(ahead, limit))
+    for k in range(1, limit):
+        full |= Q(at_least(running, k)) & Q(at_least(ahead, limit - k))
     return items.filter(Q(key__isnull=True) | ~full)
 
 

@@ -455,3 +455,22 @@ def test_four_producers_enqueue_to_one_fair_queue_without_waiting_for_each_other
         for key in {key for key, _ in mine}:
             rounds = [round_ for k, round_ in mine if k == key]
             assert all(b > a for a, b in itertools.pairwise(rounds)), (number, key, rounds)
+
+
+@pytest.mark.parametrize("strategy", ["skip_locked", "update_limit"])
+def test_items_made_ready_again_behind_a_running_one_keep_the_limit(db, strategy):
+    """MAX_IN_FLIGHT_PER_KEY counts every running item of the key, whatever its place: two
+    failed items requeued behind a later one that runs get one place, not two (found by
+    the model-based test on MariaDB)."""
+    if strategy == "skip_locked" and not connection.features.has_select_for_update_skip_locked:
+        pytest.skip(f"{connection.display_name} has no SKIP LOCKED")
+    queue = Queue("limited")  # MAX_IN_FLIGHT_PER_KEY 2
+    first, second, third = queue.enqueue_many([{"n": n} for n in range(3)], key="a")
+    for item in queue.claim(2, strategy=strategy):
+        assert item.fail("boom")
+    (running,) = queue.claim(2, strategy=strategy)
+    assert running.pk == third.pk
+    assert QueueItem.objects.filter(pk__in=[first.pk, second.pk]).requeue() == 2
+    claimed = queue.claim(4, strategy=strategy)
+    assert [item.pk for item in claimed] == [first.pk]
+    assert queue.count(status=Status.IN_PROGRESS) == 2

@@ -246,9 +246,8 @@ class Model:
 
     def claimable(self, queue: str) -> list[Item]:
         """The due READY items a claim may take, in claim order: round (fair queues),
-        priority, run_at, id. In a queue with a limit per key, an item only while fewer
-        than the limit of its key's unfinished items come before it and fewer than the
-        limit run."""
+        priority, run_at, id. In a queue with a limit per key, an item only while its
+        key's running items and its waiting ones before it number fewer than the limit."""
         items = self.of(queue)
         limit = QUEUES[queue].per_key
 
@@ -256,9 +255,9 @@ class Model:
             if limit is None or item.key is None:
                 return True
             same = [other for other in items if other.key == item.key]
-            earlier = sum(other.unfinished and other.pk < item.pk for other in same)
+            ahead = sum(other.status == READY and other.pk < item.pk for other in same)
             running = sum(other.status == IN_PROGRESS for other in same)
-            return earlier < limit and running < limit
+            return running + ahead < limit
 
         if queue in self.paused:
             return []
