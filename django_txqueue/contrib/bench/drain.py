@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import connections
-from django.db.models import Count, Max
+from django.db.models import Count, Max, QuerySet
 from django.db.models.functions import Now
 
 from django_txqueue import Consumer, QueueItem, Status
@@ -56,11 +56,15 @@ class Drained:
     problems: list[str] = field(default_factory=list)
 
 
-def verify_exactly_once(target: Target, expected: int, processed: int) -> list[str]:
-    """Every item of the queue DONE after exactly one attempt, ``expected`` of them, and
-    the consumers' own count agreeing: else one sentence per kind of violation."""
+def verify_exactly_once(
+    target: Target, expected: int, processed: int, items: QuerySet[QueueItem] | None = None
+) -> list[str]:
+    """Every item of the queue (or of ``items``) DONE after exactly one attempt,
+    ``expected`` of them, and the consumers' own count agreeing: else one sentence per
+    kind of violation."""
     problems = []
-    counts = target.items().order_by().values_list("status", "attempts").annotate(n=Count("pk"))
+    rows = target.items() if items is None else items
+    counts = rows.order_by().values_list("status", "attempts").annotate(n=Count("pk"))
     total = 0
     for status, attempts, n in counts:
         total += n

@@ -18,13 +18,12 @@ import time
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Count
 
-from django_txqueue import Consumer, Queue, QueueItem, Status, store
+from django_txqueue import Consumer, Queue, QueueItem, store
 
 from ..progress import Progress
 from ..target import FILL_CHUNK, Target
-from .drain import CHILD_TIMEOUT, handle
+from .drain import CHILD_TIMEOUT, handle, verify_exactly_once
 
 QUEUES = 50  # queues served by the many-queues consumer
 HOT = 5  # queues with work in the "a few hot" shape
@@ -101,21 +100,8 @@ def child(target: Target, served: int, batch: int, start: Any, results: Any) -> 
 
 
 def verify(target: Target, expected: int, processed: int) -> list[str]:
-    """Every item DONE after exactly one attempt, ``expected`` of them, and the consumer's
-    own count agreeing (as ``drain.verify_exactly_once``, over all the queues)."""
-    problems = []
-    counts = items_of(target).order_by().values_list("status", "attempts").annotate(n=Count("pk"))
-    total = 0
-    for status, attempts, n in counts:
-        total += n
-        if (status, attempts) != (Status.DONE, 1):
-            label = Status(status).label
-            problems.append(f"{n} item(s) {label} after {attempts} attempt(s), not done after 1")
-    if total != expected:
-        problems.append(f"{total} items in the queues where {expected} were enqueued")
-    if processed != expected:
-        problems.append(f"the consumer processed {processed} items, not {expected}")
-    return problems
+    """``drain.verify_exactly_once`` over all the queues."""
+    return verify_exactly_once(target, expected, processed, items=items_of(target))
 
 
 def drain_once(target: Target, items: int, batch: int, served: int, hot: int) -> dict[str, Any]:
