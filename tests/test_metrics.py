@@ -67,11 +67,13 @@ def value(found, name, **labels):
 
 
 def known_queues():
-    """The queues a scrape reports even without items: configured, or with a handler here."""
+    """The queues a scrape may report without items: configured, or with a handler where
+    it runs (a consumer has imported every installed app's ``queues`` module)."""
     from django.conf import settings
 
     from django_txqueue import registry
 
+    registry.autodiscover()
     return set(settings.TXQUEUE.get("QUEUES", {})) | set(registry.handlers())
 
 
