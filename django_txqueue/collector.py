@@ -1,10 +1,12 @@
 """The database-side Prometheus gauges, read at scrape time (the ``prometheus`` extra).
 
 ``QueueCollector`` follows prometheus_client's Collector protocol: each ``collect()``
-reads the queues through ``monitoring.gauges`` (the dashboard's grouped queries, and a
-count of DONE items that stops at ``EXACT_DONE_UP_TO`` and takes the planner's estimate
-past it), on every database that holds queues, and yields gauges labelled by queue (and
-status): never an item id. Nothing here is imported unless metrics are asked for.
+reads the queues through ``monitoring.gauges`` (the dashboard's grouped queries, then
+per queue its DONE items: counted while the table is small, else the planner's estimate)
+for the queues with unfinished items and those known by name
+(``monitoring.known_queue_names``), on every database that holds queues, and yields
+gauges labelled by queue (and status): never an item id. Nothing here is imported
+unless metrics are asked for.
 """
 
 from __future__ import annotations

@@ -161,10 +161,11 @@ def known_queue_names(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> 
 def gauges(
     items: QueueItemQuerySet, consumers: ConsumerQuerySet, names: list[str]
 ) -> list[QueueRow]:
-    """What a Prometheus scrape reads (``collector.py``), per queue with items or consumers,
-    and ``names`` (the queues with handlers here) even when empty: ``current``'s four
-    queries, then per queue its DONE items: counted up to ``EXACT_DONE_UP_TO`` while the
-    table is small (``SCRAPE_COUNTS_UP_TO``), else the planner's estimate."""
+    """What a Prometheus scrape reads (``collector.py``), per queue with unfinished items
+    or live consumers, and ``names`` (``known_queue_names``) even when empty:
+    ``current``'s four queries, then per queue its DONE items: counted up to
+    ``EXACT_DONE_UP_TO`` while the table is small (``SCRAPE_COUNTS_UP_TO``), else the
+    planner's estimate."""
     rows = {name: QueueRow(name) for name in names}
 
     def row(name: str) -> QueueRow:

@@ -767,7 +767,7 @@ def purge(items: QuerySet[Any], older_than: timedelta, *, until: float | None = 
     locks for long. Returns how many were deleted.
     """
     finished = items.filter(status__in=FINISHED, finished_at__lt=Now() - older_than)
-    return delete_in_batches(finished, until=until, oldest="finished_at")
+    return delete_in_batches(finished, "finished_at", until=until)
 
 
 def purge_effects(
@@ -775,34 +775,29 @@ def purge_effects(
 ) -> int:
     """Delete ``once`` records made over ``older_than`` ago, in small batches."""
     old = effects.filter(recorded_at__lt=Now() - older_than)
-    return delete_in_batches(old, until=until, oldest="recorded_at")
+    return delete_in_batches(old, "recorded_at", until=until)
 
 
-def delete_in_batches(
-    rows: QuerySet[Any], *, until: float | None = None, oldest: str | None = None
-) -> int:
-    """Delete ``rows`` a batch of PURGE_BATCH primary keys at a time; how many were deleted.
+def delete_in_batches(rows: QuerySet[Any], oldest: str, *, until: float | None = None) -> int:
+    """Delete ``rows`` a batch of PURGE_BATCH at a time, the first in ``oldest`` order (an
+    indexed column that ``rows`` bounds from above); how many were deleted.
+
+    Each batch is read through that index: a purge reads the rows it deletes and no
+    others. Walking the primary keys instead reads the whole table to find the few old
+    rows (SQLite's plan: 110-180 ms and 105 MB read at 1,000,000 rows, at every consumer's
+    start). No cursor is needed: a batch's rows are deleted, or have stopped matching, by
+    the time the next is read.
 
     With ``until`` (a ``time.monotonic()`` instant) it stops after the batch that reaches
     it (always doing one, so that it makes progress), leaving the rest for later.
-
-    With ``oldest``, an indexed column that ``rows`` bounds from above, each batch is the
-    first rows in its order, read through its index: a purge reads the rows it deletes
-    and no others. The next primary keys instead walk the whole table to find the few
-    old rows (SQLite picks that plan: 110-180 ms and 105 MB read at 1,000,000 rows, at
-    every consumer's start). No cursor is needed: a batch's rows are deleted, or have
-    stopped matching, by the time the next is read.
     """
-    deleted, after = 0, 0
-    while True:
-        page = rows.order_by(oldest, "pk") if oldest else rows.filter(pk__gt=after).order_by("pk")
-        batch = list(page.values_list("pk", flat=True)[:PURGE_BATCH])
-        if not batch:
-            return deleted
+    deleted = 0
+    page = rows.order_by(oldest, "pk").values_list("pk", flat=True)
+    while batch := list(page[:PURGE_BATCH]):
         deleted += delete_retrying(rows.filter(pk__in=batch))
-        after = batch[-1]
         if until is not None and time.monotonic() >= until:
-            return deleted
+            break
+    return deleted
 
 
 def try_lock(alias: str, name: str) -> AbstractContextManager[bool]:
