@@ -12,7 +12,10 @@ settled batch), with a scrape of the registry every SCRAPE_EVERY seconds (defaul
 tight Prometheus; 0: none, the recording's cost alone).
 
 Prints, for each, the median and spread (min to max) of the drain rate and of this
-process's CPU per item, and the medians' difference. As the shared machine's noise can
+process's CPU per item, the medians' difference, and each pair's difference with their
+median's 95% interval (bootstrap): a machine whose speed drifts from minute to minute
+moves single pairs by 10% or more, and the interval says how far the median can be
+trusted. As the shared machine's noise can
 hide a few percent, it then drains three more times with the recorder's two calls timed
 by the main thread's CPU clock, and prints its CPU per item as a share of the CPU per
 item with metrics off.
@@ -23,6 +26,7 @@ Uses its own database (``txqueue_bench_metrics``) or, on SQLite, a temp file.
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import sys
 import threading
@@ -100,6 +104,14 @@ def drain(
     return items / wall, cpu / items * 1e6
 
 
+def median_interval(values: list[float], draws: int = 5000) -> tuple[float, float]:
+    """The 95% interval of ``values``' median, by resampling them (bootstrap; a fixed
+    seed, so that the same values print the same interval)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[int(draws * 0.025)], medians[int(draws * 0.975) - 1]
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
 
@@ -149,9 +161,10 @@ def main() -> None:
         f"{100 * statistics.median(recording) / off_cpu:.1f}% of the CPU per item with metrics off"
     )
     per_pair = [100 * (on[0] / off[0] - 1) for off, on in pairs_found]
+    low, high = median_interval(per_pair)
     print(
         f"  per pair, rate on vs off: {', '.join(f'{p:+.1f}%' for p in per_pair)}"
-        f" (median {statistics.median(per_pair):+.1f}%)"
+        f" (median {statistics.median(per_pair):+.1f}%, 95% interval {low:+.1f}% to {high:+.1f}%)"
     )
 
 

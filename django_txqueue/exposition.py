@@ -4,9 +4,9 @@ One process: its own counters (``metrics.py``) and the database-side gauges
 (``collector.py``), served by prometheus_client's ``start_http_server`` on a daemon
 thread. With ``--processes N``, prometheus-client's multiprocess mode: the supervisor
 makes a temporary ``PROMETHEUS_MULTIPROC_DIR`` before it starts the children (who
-inherit it, and write their counters there), serves their sum (``MultiProcessCollector``)
-and the gauges, and removes the directory when it ends; each child marks itself dead as
-it exits.
+inherit it, and write their counters there every second), serves their sum
+(``MultiProcessCollector``) and the gauges, and removes the directory when it ends; each
+child writes its last counts and marks itself dead as it exits.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ class Multiprocess:
 def record_as_child() -> None:
     """In a child of ``--processes``: record into the supervisor's directory (inherited
     in ``PROMETHEUS_MULTIPROC_DIR``), and mark this process dead as it exits."""
-    metrics.enable(None)
+    recorder = metrics.enable(None)
+    recorder.flush_periodically()
     from prometheus_client import multiprocess
 
     atexit.register(multiprocess.mark_process_dead, os.getpid())
+    atexit.register(recorder.flush)  # first: atexit runs the last registered first

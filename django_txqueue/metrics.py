@@ -13,9 +13,11 @@ time by ``collector.py``; serving both is ``exposition.py``'s.
 
 from __future__ import annotations
 
+import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .status import Status
@@ -50,153 +52,255 @@ def prometheus() -> Any:
 
 
 class Recorder:
-    """This process's metrics, registered in ``registry`` (None: in no registry, as in
-    a child of ``--processes``, whose values go to the multiprocess directory)."""
+    """This process's metrics, collected from ``registry`` (None: from no registry, as
+    in a child of ``--processes``, whose values go to the multiprocess directory).
+
+    Per claim, the consumer's main thread only counts into plain Python (``Tally``),
+    the claim and the outcomes settled since the last one together: no call into
+    prometheus-client per value or per batch. The counts reach the
+    client's values in one increment per bucket and counter (``flush``): on the main
+    thread once ``FLUSH_INTERVAL`` has passed, before every collection (so a scrape
+    reads every batch recorded), and in a child of ``--processes`` from a timer
+    (``flush_periodically``) and as it exits.
+    """
+
+    FLUSH_INTERVAL = 1.0  # seconds
 
     def __init__(self, registry: Any = None) -> None:
         client = self.client = prometheus()
-        kwargs = {"registry": registry}
         self.processed = client.Counter(
             "txqueue_items_processed",
             "Items whose handler returned and whose acknowledgement was accepted.",
             ["queue"],
-            **kwargs,
+            registry=None,
         )
         self.failed = client.Counter(
             "txqueue_items_failed",
             "Items whose handler raised with no attempt left (now FAILED).",
             ["queue"],
-            **kwargs,
+            registry=None,
         )
         self.retried = client.Counter(
             "txqueue_items_retried",
             "Items whose handler raised and that will run again after their retry delay.",
             ["queue"],
-            **kwargs,
+            registry=None,
         )
         self.rescued = client.Counter(
             "txqueue_items_rescued",
             "Stuck items this process's rescues took back (READY again, or FAILED).",
             ["queue"],
-            **kwargs,
+            registry=None,
         )
         self.duration = client.Histogram(
             "txqueue_handler_duration_seconds",
             "How long handlers ran, per item, failures included.",
             ["queue"],
             buckets=DURATION_BUCKETS,
-            **kwargs,
+            registry=None,
         )
         self.latency = client.Histogram(
             "txqueue_enqueue_to_start_seconds",
             "From when an item was due (its enqueue, or its run_at if later) to its claim.",
             ["queue"],
             buckets=LATENCY_BUCKETS,
-            **kwargs,
+            registry=None,
         )
         self.batch = client.Histogram(
             "txqueue_claim_batch_size",
             "Items per claim that gave any.",
             buckets=BATCH_BUCKETS,
-            **kwargs,
+            registry=None,
         )
-        # Each metric's child per queue, looked up once: labels() takes a lock each time.
-        self._children: dict[tuple[str, str], Any] = {}
-        self._batch_buckets = Buckets(self.batch)
+        self._lock = threading.Lock()  # the tallies: the main thread's, a flush's
+        # Each metric's tally per queue, made once: labels() takes a lock each time.
+        self._tallies: dict[tuple[str, str], Tally] = {}
+        self._batch_sizes = Tally(self.batch)
+        # Settled since the last claim: at most the items in flight, held a moment more.
+        self._settled: list[Outcome] = []
+        self._flushed = time.monotonic()
+        if registry is not None:
+            registry.register(self)
 
-    def _child(self, metric: str, queue: str) -> Any:
+    def describe(self) -> list[Any]:
+        return [family for metric in self._metrics() for family in metric.describe()]
+
+    def collect(self) -> Iterator[Any]:
+        """What a registry's collection reads: every batch recorded until now."""
+        self.flush()
+        for metric in self._metrics():
+            yield from metric.collect()
+
+    def _metrics(self) -> tuple[Any, ...]:
+        return (
+            self.processed,
+            self.failed,
+            self.retried,
+            self.rescued,
+            self.duration,
+            self.latency,
+            self.batch,
+        )
+
+    def _tally(self, metric: str, queue: str) -> Tally:
         key = (metric, queue)
-        child = self._children.get(key)
-        if child is None:
-            child = getattr(self, metric).labels(queue=queue)
-            if isinstance(getattr(self, metric), self.client.Histogram):
-                child = Buckets(child)
-            self._children[key] = child
-        return child
+        tally = self._tallies.get(key)
+        if tally is None:
+            tally = self._tallies[key] = Tally(getattr(self, metric).labels(queue=queue))
+        return tally
 
     def claimed(self, items: list[QueueItem]) -> None:
         """One claim's items, on the consumer's main thread."""
-        self._batch_buckets.observe([len(items)])
-        now = time.time()
-        for queue, group in by_queue(items, lambda item: item.queue):
-            # Never load a deferred field for this: run_at comes with every claim.
-            dues = [item.__dict__.get("run_at") for item in group]
-            waits = [now - due.timestamp() for due in dues if due is not None]
-            self._child("latency", queue).observe([w if w > 0 else 0.0 for w in waits])
+        with self._lock:
+            self._batch_sizes.add_one(len(items))
+            for queue, group in by_queue(items, [item.queue for item in items]):
+                # Never load a deferred field for this: run_at comes with every claim.
+                first = group[0].__dict__.get("run_at")
+                if first is None:
+                    continue
+                # In the claimed values' own time zone (naive where USE_TZ is off): a
+                # difference of two datetimes costs less than a timestamp() each.
+                now = datetime.now(first.tzinfo)
+                waits = [
+                    (now - due).total_seconds()
+                    for item in group
+                    if (due := item.__dict__.get("run_at")) is not None
+                ]
+                if min(waits) < 0:  # the database's clock ahead of this host's
+                    waits = [wait if wait > 0 else 0.0 for wait in waits]
+                self._tally("latency", queue).add(waits)
+            self._count_settled()
+        self._flush_when_due()
 
     def settled(self, outcomes: list[Outcome]) -> None:
-        """Outcomes the database has, on the consumer's main thread: durations observed,
-        outcomes counted per queue, each count added once. Not counted: an atomic
+        """Outcomes the database has, on the consumer's main thread: noted, and counted
+        with the next claim (or flush), so that a batch's shares, each settled apart,
+        are counted together."""
+        with self._lock:
+            self._settled += outcomes
+
+    def _count_settled(self) -> None:
+        """Durations observed, outcomes counted per queue. Not counted: an atomic
         handler's refused acknowledgement (rolled back), the database's own failures
         (released to run again)."""
+        outcomes, self._settled = self._settled, []
         counted = [o for o in outcomes if o.acknowledged is not False and not o.lost]
-        for queue, group in by_queue(counted, lambda outcome: outcome.item.queue):
-            self._child("duration", queue).observe([o.duration for o in group])
+        for queue, group in by_queue(counted, [o.item.queue for o in counted]):
+            self._tally("duration", queue).add([o.duration for o in group])
             errors = [o.item for o in group if o.error is not None]
-            retried = sum(1 for item in errors if item.status == Status.READY)
-            for metric, n in (
-                ("processed", len(group) - len(errors)),
-                ("retried", retried),
-                ("failed", len(errors) - retried),
-            ):
-                if n:
-                    self._child(metric, queue).inc(n)
+            self._tally("processed", queue).count += len(group) - len(errors)
+            if errors:
+                retried = sum(1 for item in errors if item.status == Status.READY)
+                self._tally("retried", queue).count += retried
+                self._tally("failed", queue).count += len(errors) - retried
 
     def rescued_items(self, queue: str, count: int) -> None:
+        """On the liveness thread: rare, so counted at once."""
         if count:
-            self._child("rescued", queue).inc(count)
+            with self._lock:
+                self._tally("rescued", queue).count += count
+            self.flush()
+
+    def _flush_when_due(self) -> None:
+        if time.monotonic() - self._flushed >= self.FLUSH_INTERVAL:
+            self.flush()
+
+    def flush(self) -> None:
+        """Add the counts recorded since the last flush to prometheus-client's values."""
+        with self._lock:
+            self._flushed = time.monotonic()
+            self._count_settled()
+            for tally in (self._batch_sizes, *self._tallies.values()):
+                tally.flush()
+
+    def flush_periodically(self) -> None:
+        """Flush every ``FLUSH_INTERVAL`` from a daemon thread, for as long as the
+        process lives: for a child of ``--processes``, whose values the supervisor
+        reads from their files, not from this process's collection."""
+
+        def flush_forever() -> None:
+            while True:
+                time.sleep(self.FLUSH_INTERVAL)
+                self.flush()
+
+        threading.Thread(target=flush_forever, name="txqueue-metrics", daemon=True).start()
 
 
 T = TypeVar("T")
 
 
-def by_queue(things: list[T], queue_of: Callable[[T], str]) -> Iterable[tuple[str, list[T]]]:
-    """``things`` grouped by queue, in one group without a look-up per thing when they
-    are all of one queue (a claim's items are, but for the outbox's turns)."""
+def by_queue(things: list[T], queues: list[str]) -> Iterable[tuple[str, list[T]]]:
+    """``things`` grouped by their ``queues`` (one name per thing, in order), in one
+    group when they are all of one queue (a claim's items are, but for the outbox's)."""
     if not things:
         return []
-    first = queue_of(things[0])
-    if all(queue_of(thing) == first for thing in things):
-        return [(first, things)]
+    if queues.count(queues[0]) == len(queues):
+        return [(queues[0], things)]
     groups: dict[str, list[T]] = {}
-    for thing in things:
-        groups.setdefault(queue_of(thing), []).append(thing)
+    for thing, queue in zip(things, queues, strict=True):
+        groups.setdefault(queue, []).append(thing)
     return groups.items()
 
 
-class Buckets:
-    """A histogram (or a child of one) that takes a batch of values at once: one
-    increment per bucket touched and one of the sum, instead of two locked increments
-    and a scan of the buckets per value, where the client's histogram is laid out as
-    expected (its buckets hold per-bucket counts, made cumulative when collected; the
-    bounds are inclusive). Anything else (another prometheus-client) gets the plain
-    calls. The layout is looked at once, not per batch."""
+class Tally:
+    """A counter's or histogram's (or their child's) additions since the last flush,
+    in plain Python: ``count`` for a counter; for a histogram, a count per bucket and
+    the sum of the values, added to the histogram's own per-bucket counts and sum in one
+    increment each where the client's histogram is laid out as expected (its buckets
+    hold per-bucket counts, made cumulative when collected; the bounds are inclusive).
+    Any other histogram (another prometheus-client) gets the plain observe() calls at
+    once. The layout is looked at once, not per batch. Not thread-safe: the recorder
+    holds its lock around every call."""
 
-    def __init__(self, histogram: Any) -> None:
-        self.histogram = histogram
-        bounds: Any = getattr(histogram, "_upper_bounds", None)
-        buckets: Any = getattr(histogram, "_buckets", None)
-        total: Any = getattr(histogram, "_sum", None)
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self.count = 0
+        self.total = 0.0
+        bounds: Any = getattr(metric, "_upper_bounds", None)
+        buckets: Any = getattr(metric, "_buckets", None)
+        total: Any = getattr(metric, "_sum", None)
         expected = all(part is not None for part in (bounds, buckets, total))
         expected = expected and len(bounds) == len(buckets)
         # The bounds, the per-bucket counts and the sum; None: plain observe() calls.
         self.parts: tuple[Any, Any, Any] | None = (bounds, buckets, total) if expected else None
+        self.counts = [0] * len(bounds) if expected else []
 
-    def observe(self, values: list[float]) -> None:
+    def add(self, values: list[float]) -> None:
+        """Observe ``values`` (a histogram's)."""
         if self.parts is None:
             for value in values:
-                self.histogram.observe(value)
+                self.metric.observe(value)
             return
         if not values:
             return
-        bounds, buckets, total = self.parts
-        counts: dict[int, int] = {}
+        bounds, counts = self.parts[0], self.counts
+        self.total += sum(values)
+        lowest = bisect_left(bounds, min(values))
+        if lowest == bisect_left(bounds, max(values)):  # as a batch's values mostly are
+            counts[lowest] += len(values)
+            return
         for value in values:
-            index = bisect_left(bounds, value)
-            counts[index] = counts.get(index, 0) + 1
-        for index, count in counts.items():
-            buckets[index].inc(count)
-        total.inc(sum(values))
+            counts[bisect_left(bounds, value)] += 1
+
+    def add_one(self, value: float) -> None:
+        if self.parts is None:
+            self.metric.observe(value)
+            return
+        self.counts[bisect_left(self.parts[0], value)] += 1
+        self.total += value
+
+    def flush(self) -> None:
+        if self.count:
+            self.metric.inc(self.count)
+            self.count = 0
+        if self.parts is None or not any(self.counts):
+            return
+        _, buckets, total = self.parts
+        for index, count in enumerate(self.counts):
+            if count:
+                buckets[index].inc(count)
+        total.inc(self.total)
+        self.counts, self.total = [0] * len(self.counts), 0.0
 
 
 # This process's recorder, or None: metrics off.
