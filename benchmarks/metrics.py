@@ -20,6 +20,12 @@ hide a few percent, it then drains three more times with the recorder's two call
 by the main thread's CPU clock, and prints its CPU per item as a share of the CPU per
 item with metrics off.
 
+    python -m benchmarks.metrics sliced [DRAINS] [ITEMS] [BATCH] [SECONDS]
+
+Finer: DRAINS drains of ITEMS (default 3 of 150,000, batch 10), each with the recorder
+switched on and off every SECONDS (default 0.5) while it runs; each "on" slice's rate is
+compared with the "off" slices either side of it (``sliced``).
+
 Uses its own database (``txqueue_bench_metrics``) or, on SQLite, a temp file.
 """
 
@@ -60,16 +66,11 @@ def timed_recorder(registry: object) -> object:
     return Timed(registry)
 
 
-def drain(
-    items: int, batch: int, registry: object | None, every: float = 1.0, timed: bool = False
-) -> tuple[float, float]:
-    """Fill and drain ``items``; items per second and CPU µs per item of this process."""
-    from prometheus_client import generate_latest
-
-    from django_txqueue import Queue, metrics
+def fill(items: int) -> None:
+    """``items`` no-op items in the queue, and nothing else."""
+    from django_txqueue import Queue
     from django_txqueue.db import dialect_for
     from django_txqueue.models import QueueItem
-    from django_txqueue.worker import Worker
 
     QueueItem.objects.filter(queue=QUEUE).delete()
     for start in range(0, items, 5000):
@@ -77,6 +78,58 @@ def drain(
     # The deleted rows gone, as autovacuum would leave them (off on some servers: then
     # every drain's rows stay dead, and each scrape reads them all).
     dialect_for("default").analyze(QueueItem.objects.all())
+
+
+def sliced(items: int, batch: int, seconds: float) -> list[float]:
+    """One drain of ``items`` with the recorder switched on and off every ``seconds``:
+    for each "on" slice, its rate against the mean of the "off" slices either side, in
+    percent. Slices a second or less apart meet the same state of the machine, where
+    drains some seconds apart may not; the mean of both neighbours cancels a drift."""
+    from prometheus_client import CollectorRegistry
+
+    from django_txqueue import metrics
+    from django_txqueue.worker import Worker
+
+    fill(items)
+    recorder = metrics.Recorder(CollectorRegistry(auto_describe=False))
+    worker = Worker(handlers={QUEUE: lambda item: None}, batch=batch, burst=True)
+    rates: list[float] = []  # per slice, off and on in turn, starting off
+    done = threading.Event()
+
+    def switch() -> None:
+        done.wait(seconds)  # the first slice, as the drain starts: not counted
+        on, counted, started = False, worker.processed, time.perf_counter()
+        while not done.wait(seconds):
+            now, processed = time.perf_counter(), worker.processed
+            rates.append((processed - counted) / (now - started))
+            on = not on
+            metrics.recorder = recorder if on else None
+            counted, started = processed, now
+
+    switcher = threading.Thread(target=switch, daemon=True)
+    metrics.recorder = None
+    switcher.start()
+    worker.run()
+    done.set()
+    switcher.join()
+    metrics.recorder = None
+    rates = rates[:-1]  # the last slice may have run out of items
+    return [
+        100 * (rates[i] / ((rates[i - 1] + rates[i + 1]) / 2) - 1)
+        for i in range(1, len(rates) - 1, 2)
+    ]
+
+
+def drain(
+    items: int, batch: int, registry: object | None, every: float = 1.0, timed: bool = False
+) -> tuple[float, float]:
+    """Fill and drain ``items``; items per second and CPU µs per item of this process."""
+    from prometheus_client import generate_latest
+
+    from django_txqueue import metrics
+    from django_txqueue.worker import Worker
+
+    fill(items)
     if registry is None:
         metrics.recorder = None
     elif timed:
@@ -116,7 +169,31 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
 
 
+def main_sliced() -> None:
+    given = [float(arg) for arg in sys.argv[2:6]]
+    drains, items, batch, seconds = given + [3, 150_000, 10, 0.5][len(given) :]
+    prepare_database(VENDOR, "txqueue_bench_metrics")
+    sliced(min(int(items), 5000), int(batch), seconds)  # warm-up
+    found: list[float] = []
+    for _ in range(int(drains)):
+        found += sliced(int(items), int(batch), seconds)
+        print(f"{len(found)} slices on so far", file=sys.stderr)
+    low, high = median_interval(found)
+    print(
+        f"{VENDOR}: {int(drains)} drains of {int(items):,} items, batch {int(batch)}, "
+        f"metrics on and off in turn every {seconds:g} s, no scrape"
+    )
+    print(
+        f"  {len(found)} slices on, rate against the slices off either side: median "
+        f"{statistics.median(found):+.1f}% (95% interval {low:+.1f}% to {high:+.1f}%), "
+        f"mean {statistics.mean(found):+.1f}%"
+    )
+    print(f"  each: {', '.join(f'{p:+.1f}%' for p in found)}")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["sliced"]:
+        return main_sliced()
     given = [float(arg) for arg in sys.argv[1:5]]
     pairs, items, batch, every = given + [7, 10_000, 10, 1.0][len(given) :]
     pairs, items, batch = int(pairs), int(items), int(batch)

@@ -13,11 +13,13 @@ time by ``collector.py``; serving both is ``exposition.py``'s.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .status import Status
@@ -34,6 +36,13 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
 # Items per claim: powers of two up to the largest batch a consumer is given in practice.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+# What the recorder reads of each item and outcome, in C (``map``).
+QUEUE_OF, RUN_AT = attrgetter("queue"), attrgetter("run_at")
+ITEM_QUEUE_OF, DURATION = attrgetter("item.queue"), attrgetter("duration")
+ERROR, LOST, ACKNOWLEDGED = attrgetter("error"), attrgetter("lost"), attrgetter("acknowledged")
+SECOND, NO_WAIT = timedelta(seconds=1), timedelta(0)
 
 
 class MetricsUnavailable(ImportError):
@@ -142,33 +151,31 @@ class Recorder:
             self.batch,
         )
 
-    def _tally(self, metric: str, queue: str) -> Tally:
+    def _tally(self, metric: str, queue: str, unit: Any = 1.0) -> Tally:
         key = (metric, queue)
         tally = self._tallies.get(key)
         if tally is None:
-            tally = self._tallies[key] = Tally(getattr(self, metric).labels(queue=queue))
+            child = getattr(self, metric).labels(queue=queue)
+            tally = self._tallies[key] = Tally(child, unit)
         return tally
 
     def claimed(self, items: list[QueueItem]) -> None:
-        """One claim's items, on the consumer's main thread."""
+        """One claim's items, on the consumer's main thread. Per item, only what C does
+        (``map``, ``min``, ``sum``): these run for every item a consumer takes."""
         with self._lock:
             self._batch_sizes.add_one(len(items))
-            for queue, group in by_queue(items, [item.queue for item in items]):
-                # Never load a deferred field for this: run_at comes with every claim.
+            for queue, group in by_queue(items, list(map(QUEUE_OF, items))):
+                # Never load a deferred field for this (all of a claim's rows are built
+                # alike): run_at comes with every claim.
                 first = group[0].__dict__.get("run_at")
                 if first is None:
                     continue
-                # In the claimed values' own time zone (naive where USE_TZ is off): a
-                # difference of two datetimes costs less than a timestamp() each.
-                now = datetime.now(first.tzinfo)
-                waits = [
-                    (now - due).total_seconds()
-                    for item in group
-                    if (due := item.__dict__.get("run_at")) is not None
-                ]
-                if min(waits) < 0:  # the database's clock ahead of this host's
-                    waits = [wait if wait > 0 else 0.0 for wait in waits]
-                self._tally("latency", queue).add(waits)
+                # The waits as timedeltas, in the claimed values' own time zone (naive
+                # where USE_TZ is off): compared and summed as such, not converted each.
+                waits = list(map(datetime.now(first.tzinfo).__sub__, map(RUN_AT, group)))
+                if min(waits) < NO_WAIT:  # the database's clock ahead of this host's
+                    waits = [max(wait, NO_WAIT) for wait in waits]
+                self._tally("latency", queue, SECOND).add(waits)
             self._count_settled()
         self._flush_when_due()
 
@@ -183,16 +190,19 @@ class Recorder:
         """Durations observed, outcomes counted per queue. Not counted: an atomic
         handler's refused acknowledgement (rolled back), the database's own failures
         (released to run again)."""
-        outcomes, self._settled = self._settled, []
-        counted = [o for o in outcomes if o.acknowledged is not False and not o.lost]
-        for queue, group in by_queue(counted, [o.item.queue for o in counted]):
-            self._tally("duration", queue).add([o.duration for o in group])
-            errors = [o.item for o in group if o.error is not None]
-            self._tally("processed", queue).count += len(group) - len(errors)
-            if errors:
-                retried = sum(1 for item in errors if item.status == Status.READY)
+        counted, self._settled = self._settled, []
+        if any(map(LOST, counted)) or False in map(ACKNOWLEDGED, counted):
+            counted = [o for o in counted if o.acknowledged is not False and not o.lost]
+        for queue, group in by_queue(counted, list(map(ITEM_QUEUE_OF, counted))):
+            self._tally("duration", queue).add(list(map(DURATION, group)))
+            errors = list(map(ERROR, group))
+            failures = len(errors) - errors.count(None)
+            self._tally("processed", queue).count += len(group) - failures
+            if failures:
+                items = [o.item for o in group if o.error is not None]
+                retried = sum(1 for item in items if item.status == Status.READY)
                 self._tally("retried", queue).count += retried
-                self._tally("failed", queue).count += len(errors) - retried
+                self._tally("failed", queue).count += failures - retried
 
     def rescued_items(self, queue: str, count: int) -> None:
         """On the liveness thread: rare, so counted at once."""
@@ -247,34 +257,42 @@ class Tally:
     in plain Python: ``count`` for a counter; for a histogram, a count per bucket and
     the sum of the values, added to the histogram's own per-bucket counts and sum in one
     increment each where the client's histogram is laid out as expected (its buckets
-    hold per-bucket counts, made cumulative when collected; the bounds are inclusive).
-    Any other histogram (another prometheus-client) gets the plain observe() calls at
-    once. The layout is looked at once, not per batch. Not thread-safe: the recorder
-    holds its lock around every call."""
+    hold per-bucket counts, made cumulative when collected; the bounds are inclusive,
+    the last is +Inf). Any other histogram (another prometheus-client) gets the plain
+    observe() calls at once. The layout is looked at once, not per batch.
 
-    def __init__(self, metric: Any) -> None:
+    ``unit``: what one of the histogram's units is in the values given: 1.0 for
+    numbers, ``SECOND`` for timedeltas (bucketed and summed as timedeltas, then
+    divided once). Not thread-safe: the recorder holds its lock around every call.
+    """
+
+    def __init__(self, metric: Any, unit: Any = 1.0) -> None:
         self.metric = metric
+        self.unit = unit
         self.count = 0
-        self.total = 0.0
+        self.total = unit * 0
         bounds: Any = getattr(metric, "_upper_bounds", None)
         buckets: Any = getattr(metric, "_buckets", None)
         total: Any = getattr(metric, "_sum", None)
         expected = all(part is not None for part in (bounds, buckets, total))
-        expected = expected and len(bounds) == len(buckets)
-        # The bounds, the per-bucket counts and the sum; None: plain observe() calls.
-        self.parts: tuple[Any, Any, Any] | None = (bounds, buckets, total) if expected else None
-        self.counts = [0] * len(bounds) if expected else []
+        expected = expected and len(bounds) == len(buckets) and bounds[-1] == math.inf
+        # The finite bounds in the values' unit (past the last: the +Inf bucket), the
+        # per-bucket counts and the sum; None: plain observe() calls.
+        self.parts: tuple[Any, Any, Any] | None = None
+        if expected:
+            self.parts = ([unit * bound for bound in bounds[:-1]], buckets, total)
+        self.counts = [0] * len(buckets) if expected else []
 
-    def add(self, values: list[float]) -> None:
+    def add(self, values: list[Any]) -> None:
         """Observe ``values`` (a histogram's)."""
         if self.parts is None:
             for value in values:
-                self.metric.observe(value)
+                self.metric.observe(value / self.unit)
             return
         if not values:
             return
         bounds, counts = self.parts[0], self.counts
-        self.total += sum(values)
+        self.total += sum(values, self.unit * 0)
         lowest = bisect_left(bounds, min(values))
         if lowest == bisect_left(bounds, max(values)):  # as a batch's values mostly are
             counts[lowest] += len(values)
@@ -282,9 +300,9 @@ class Tally:
         for value in values:
             counts[bisect_left(bounds, value)] += 1
 
-    def add_one(self, value: float) -> None:
+    def add_one(self, value: Any) -> None:
         if self.parts is None:
-            self.metric.observe(value)
+            self.metric.observe(value / self.unit)
             return
         self.counts[bisect_left(self.parts[0], value)] += 1
         self.total += value
@@ -299,8 +317,8 @@ class Tally:
         for index, count in enumerate(self.counts):
             if count:
                 buckets[index].inc(count)
-        total.inc(self.total)
-        self.counts, self.total = [0] * len(self.counts), 0.0
+        total.inc(self.total / self.unit)
+        self.counts, self.total = [0] * len(self.counts), self.unit * 0
 
 
 # This process's recorder, or None: metrics off.

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 import pytest
@@ -184,6 +185,25 @@ def test_observing_a_batch_gives_what_observing_each_value_gives(batched):
         assert get("many_bucket", {"le": le}) == get("each_bucket", {"le": le}), le
     assert get("many_count") == get("each_count") == len(values)
     assert get("many_sum") == pytest.approx(get("each_sum"))
+
+
+@pytest.mark.parametrize("aware", [True, False])
+def test_a_claims_waits_are_seconds_since_due_and_never_below_zero(recorded, aware):
+    # Naive where USE_TZ is off: the waits are taken in the claimed values' own zone.
+    now = datetime.now(timezone.utc if aware else None)
+    due = [now - timedelta(seconds=s) for s in (0.2, 0.2, 3.0)] + [now + timedelta(hours=1)]
+    metrics.recorder.claimed([QueueItem(queue="echo", run_at=when) for when in due])
+
+    def get(sample, **labels):
+        return recorded.get_sample_value(f"txqueue_enqueue_to_start_seconds_{sample}", labels)
+
+    assert get("count", queue="echo") == 4
+    assert get("bucket", queue="echo", le="0.005") == 1  # a clock ahead counts as no wait
+    assert get("bucket", queue="echo", le="0.25") == 3
+    assert get("bucket", queue="echo", le="2.5") == 3
+    assert get("bucket", queue="echo", le="5.0") == 4
+    assert get("sum", queue="echo") == pytest.approx(3.4, abs=0.1)
+    assert recorded.get_sample_value("txqueue_claim_batch_size_sum") == 4
 
 
 def test_metrics_are_off_until_asked_for():
