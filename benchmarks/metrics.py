@@ -80,11 +80,12 @@ def fill(items: int) -> None:
     dialect_for("default").analyze(QueueItem.objects.all())
 
 
-def sliced(items: int, batch: int, seconds: float) -> list[float]:
+def sliced(items: int, batch: int, seconds: float) -> list[tuple[float, float]]:
     """One drain of ``items`` with the recorder switched on and off every ``seconds``:
-    for each "on" slice, its rate against the mean of the "off" slices either side, in
-    percent. Slices a second or less apart meet the same state of the machine, where
-    drains some seconds apart may not; the mean of both neighbours cancels a drift."""
+    for each "on" slice, its rate and its CPU per item against the mean of the "off"
+    slices either side, in percent. Slices a second or less apart meet the same state
+    of the machine, where drains some seconds apart may not; the mean of both
+    neighbours cancels a drift."""
     from prometheus_client import CollectorRegistry
 
     from django_txqueue import metrics
@@ -93,18 +94,20 @@ def sliced(items: int, batch: int, seconds: float) -> list[float]:
     fill(items)
     recorder = metrics.Recorder(CollectorRegistry(auto_describe=False))
     worker = Worker(handlers={QUEUE: lambda item: None}, batch=batch, burst=True)
-    rates: list[float] = []  # per slice, off and on in turn, starting off
+    slices: list[tuple[float, float]] = []  # rate, CPU per item; off and on in turn
     done = threading.Event()
 
     def switch() -> None:
         done.wait(seconds)  # the first slice, as the drain starts: not counted
-        on, counted, started = False, worker.processed, time.perf_counter()
+        on, counted = False, worker.processed
+        started, cpu = time.perf_counter(), time.process_time()
         while not done.wait(seconds):
-            now, processed = time.perf_counter(), worker.processed
-            rates.append((processed - counted) / (now - started))
+            now, now_cpu, processed = time.perf_counter(), time.process_time(), worker.processed
+            taken = max(processed - counted, 1)
+            slices.append((taken / (now - started), (now_cpu - cpu) / taken))
             on = not on
             metrics.recorder = recorder if on else None
-            counted, started = processed, now
+            counted, started, cpu = processed, now, now_cpu
 
     switcher = threading.Thread(target=switch, daemon=True)
     metrics.recorder = None
@@ -113,10 +116,13 @@ def sliced(items: int, batch: int, seconds: float) -> list[float]:
     done.set()
     switcher.join()
     metrics.recorder = None
-    rates = rates[:-1]  # the last slice may have run out of items
+    slices = slices[:-1]  # the last slice may have run out of items
+
+    def against_neighbours(i: int, part: int) -> float:
+        return 100 * (slices[i][part] / ((slices[i - 1][part] + slices[i + 1][part]) / 2) - 1)
+
     return [
-        100 * (rates[i] / ((rates[i - 1] + rates[i + 1]) / 2) - 1)
-        for i in range(1, len(rates) - 1, 2)
+        (against_neighbours(i, 0), against_neighbours(i, 1)) for i in range(1, len(slices) - 1, 2)
     ]
 
 
@@ -174,21 +180,23 @@ def main_sliced() -> None:
     drains, items, batch, seconds = given + [3, 150_000, 10, 0.5][len(given) :]
     prepare_database(VENDOR, "txqueue_bench_metrics")
     sliced(min(int(items), 5000), int(batch), seconds)  # warm-up
-    found: list[float] = []
+    found: list[tuple[float, float]] = []
     for _ in range(int(drains)):
         found += sliced(int(items), int(batch), seconds)
         print(f"{len(found)} slices on so far", file=sys.stderr)
-    low, high = median_interval(found)
     print(
         f"{VENDOR}: {int(drains)} drains of {int(items):,} items, batch {int(batch)}, "
         f"metrics on and off in turn every {seconds:g} s, no scrape"
     )
-    print(
-        f"  {len(found)} slices on, rate against the slices off either side: median "
-        f"{statistics.median(found):+.1f}% (95% interval {low:+.1f}% to {high:+.1f}%), "
-        f"mean {statistics.mean(found):+.1f}%"
-    )
-    print(f"  each: {', '.join(f'{p:+.1f}%' for p in found)}")
+    print(f"  {len(found)} slices on, against the slices off either side:")
+    for part, what in enumerate(("rate", "CPU per item")):
+        values = [each[part] for each in found]
+        low, high = median_interval(values)
+        print(
+            f"    {what}: median {statistics.median(values):+.1f}% "
+            f"(95% interval {low:+.1f}% to {high:+.1f}%), mean {statistics.mean(values):+.1f}%"
+        )
+    print(f"  each slice's rate: {', '.join(f'{rate:+.1f}%' for rate, _ in found)}")
 
 
 def main() -> None:
