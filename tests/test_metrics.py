@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -190,7 +190,7 @@ def test_observing_a_batch_gives_what_observing_each_value_gives(batched):
 @pytest.mark.parametrize("aware", [True, False])
 def test_a_claims_waits_are_seconds_since_due_and_never_below_zero(recorded, aware):
     # Naive where USE_TZ is off: the waits are taken in the claimed values' own zone.
-    now = datetime.now(timezone.utc if aware else None)
+    now = datetime.now(UTC if aware else None)
     due = [now - timedelta(seconds=s) for s in (0.2, 0.2, 3.0)] + [now + timedelta(hours=1)]
     metrics.recorder.claimed([QueueItem(queue="echo", run_at=when) for when in due])
 

@@ -35,6 +35,7 @@ TRANSIENT_ERRORS = {1213, 1205}
 # SHOW ENGINE INNODB STATUS: the next transaction id, and how far the purge has come.
 TRX_COUNTER = re.compile(r"Trx id counter (\d+)")
 PURGED_BELOW = re.compile(r"Purge done for trx's n:o < (\d+)")
+HISTORY_LENGTH = re.compile(r"History list length (\d+)")
 # Lost connections: CR_CONNECTION_ERROR, CR_CONN_HOST_ERROR, CR_SERVER_GONE_ERROR,
 # CR_SERVER_LOST, CR_SERVER_LOST_EXTENDED, ER_SERVER_SHUTDOWN, ER_CONNECTION_KILLED,
 # ER_CLIENT_INTERACTION_TIMEOUT, and ER_UNKNOWN_COM_ERROR, which a Galera node not
@@ -250,10 +251,7 @@ class MySQL(Dialect):
                 text = str(cursor.fetchone()[-1])
         except DatabaseError:
             return None
-        counter, purged = TRX_COUNTER.search(text), PURGED_BELOW.search(text)
-        if counter is None or purged is None:
-            return None
-        return int(counter.group(1)), int(purged.group(1))
+        return purge_status(text)
 
     def is_disconnect(self, exc: Error) -> bool:
         # mysqlclient's InterfaceError (0, '') is a statement on a closed connection.
@@ -269,3 +267,17 @@ class MySQL(Dialect):
             cursor.execute(f"EXPLAIN {sql}", params)
             names = [column[0] for column in cursor.description]
             return sum(int(row[names.index("rows")] or 0) for row in cursor.fetchall())
+
+
+def purge_status(text: str) -> tuple[int, int] | None:
+    """The next transaction id and the id below which InnoDB's purge is done, from the
+    text of SHOW ENGINE INNODB STATUS. With nothing left to purge (an empty history
+    list) it is done up to the counter: its own mark can stay below the last transaction
+    until another one comes."""
+    counter, purged = TRX_COUNTER.search(text), PURGED_BELOW.search(text)
+    if counter is None or purged is None:
+        return None
+    history = HISTORY_LENGTH.search(text)
+    if history is not None and int(history.group(1)) == 0:
+        return int(counter.group(1)), int(counter.group(1))
+    return int(counter.group(1)), int(purged.group(1))

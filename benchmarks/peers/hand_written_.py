@@ -1,0 +1,32 @@
+"""The hand-written loop (``txqueue_bench``'s ceiling, ``contrib/bench/raw.py``) on the
+same table, batch and workers as django-txqueue's row: raw psycopg, one claim and one
+acknowledging statement per batch, no Django in the loop. It has no wake-up to measure.
+
+It bounds what any row here can reach with a claim and an acknowledgement per batch, and
+so shows whether a target ratio to a peer is within reach on this machine at all."""
+
+from __future__ import annotations
+
+from django_txqueue.contrib.bench import drain as bench_drain
+from django_txqueue.contrib.progress import Progress
+
+from .common import Drained
+from .txqueue_ import BATCH, TARGET
+
+NAME = "hand-written loop"
+
+
+def prepare() -> None:
+    """It writes django-txqueue's table, which the Django migrations made."""
+
+
+def drain(items: int, processes: int) -> Drained:
+    drained = bench_drain.drain_once(
+        TARGET,
+        bench_drain.starter(TARGET, BATCH, "skip_locked", processes, "by hand"),
+        items=items,
+        processes=processes,
+        progress=Progress(None),
+        label=NAME,
+    )
+    return Drained(drained.rate, drained.problems)
