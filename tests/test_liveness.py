@@ -12,7 +12,8 @@ import threading
 import time
 
 import pytest
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_txqueue import Queue, Status, store
@@ -200,6 +201,21 @@ class TestRescue:
         assert Queue("a").count(status=Status.READY) == 2
         # Another queue's items wait for a consumer of that queue.
         assert QueueItem.objects.get(pk=not_ours.pk).status == Status.IN_PROGRESS
+
+    def test_many_queues_cost_one_look_and_an_update_per_queue_with_stuck_items(self, db):
+        Consumer.objects.create(identity="gone", host="h", os_pid=1, stopped_at=timezone.now())
+        names = [f"q{n}" for n in range(20)]
+        for name in names:
+            Queue(name).enqueue({})
+        Queue("q7").claim(pid="gone", lease=600)
+        Queue("q12").claim(pid="alive", lease=600)  # no Consumer row: stuck once expired
+        with CaptureQueriesContext(connection) as queries:
+            liveness(*names)._rescue()
+        updates = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("UPDATE")]
+        # q7's rescue, and the release of this consumer's lost claims (a statement each turn).
+        assert len(updates) == 2, updates
+        assert Queue("q7").count(status=Status.READY) == 1
+        assert Queue("q12").count(status=Status.IN_PROGRESS) == 1
 
     def test_its_own_claims_whose_answer_was_lost_are_released(self, db, caplog):
         """Claims of its identity it does not hold, older than LOST_CLAIM_AGE: the server
