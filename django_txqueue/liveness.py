@@ -208,8 +208,12 @@ class Liveness:
         """Delete the finished items of its queues past their RETENTION, then the once()
         records past the longest, if no other consumer of the database is purging. With
         nothing kept for a limited time, no lock is taken either."""
-        kept = [(queue, conf.retention(queue.name)) for queue in self.queues()]
-        purged = [(queue, retention) for queue, retention in kept if retention is not None]
+        # The queues kept alike purged together: one statement per batch for them all,
+        # not one per queue (a consumer serving 50 queues ran 50 at start-up).
+        purged: dict[timedelta, list[str]] = {}
+        for queue in self.queues():
+            if (retention := conf.retention(queue.name)) is not None:
+                purged.setdefault(retention, []).append(queue.name)
         kept_for = conf.effect_retention()
         if not purged and kept_for is None:
             return True
@@ -217,10 +221,11 @@ class Liveness:
             if not mine:
                 return True
             items = effects = 0
-            for queue, retention in purged:
-                items += store.purge(queue.items, retention, until=until)
+            for retention, names in purged.items():
+                finished = QueueItem.objects.using(self.using).filter(queue__in=names)
+                items += store.purge(finished, retention, until=until)
                 if time.monotonic() >= until:
-                    break  # the other queues next time (each purge does a batch at least)
+                    break  # the others next time (each purge does a batch at least)
             if kept_for is not None and time.monotonic() < until:
                 effects = store.purge_effects(
                     Effect.objects.using(self.using), kept_for, until=until

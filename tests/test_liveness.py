@@ -270,6 +270,17 @@ class TestPurge:
         assert Queue("a").count(status=Status.IN_PROGRESS) == 1
         assert Queue("a").count(status=Status.READY) == 1
 
+    def test_queues_kept_alike_are_purged_together(self, items, settings):
+        queues = {"keep": {"RETENTION": None}, "short": {"RETENTION": 60}}
+        settings.TXQUEUE = {"RETENTION": 86400, "QUEUES": queues}
+        short_old = finished("short", ago=dt.timedelta(minutes=5))
+        with CaptureQueriesContext(connection) as queries:
+            liveness("a", "b", "keep", "short")._purge(until=time.monotonic() + 60)
+        deletes = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("DELETE")]
+        assert len(deletes) == 2, deletes  # "a" and "b" in one, "short" in another
+        assert remaining() == items["kept"]
+        assert not short_old & remaining()
+
     def test_in_batches(self, items, monkeypatch):
         monkeypatch.setattr(store, "PURGE_BATCH", 2)
         liveness("a", "b", "keep")._purge(until=time.monotonic() + 60)

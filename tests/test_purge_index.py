@@ -38,13 +38,16 @@ def plan(sql: str) -> str:
 
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's plan")
 @pytest.mark.parametrize("analyzed", [False, True], ids=["fresh", "analyzed"])
-def test_sqlite_purges_through_the_finished_at_index(db, analyzed):
+@pytest.mark.parametrize("queues", [["a"], ["a", "b", "c"]], ids=["one queue", "several"])
+def test_sqlite_purges_through_the_finished_at_index(db, analyzed, queues):
+    # Several: a consumer purges the queues it serves that are kept alike together.
     Queue("a").enqueue_many([{}] * 300)  # READY rows the purge must not read
     finished_items("a", 3, ago=dt.timedelta(hours=1))
     if analyzed:
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE")
-    sql = purge_select(lambda: store.purge(Queue("a").items, dt.timedelta(days=1)))
+    items = QueueItem.objects.filter(queue__in=queues)
+    sql = purge_select(lambda: store.purge(items, dt.timedelta(days=1)))
     found = plan(sql)
     assert "txqueue_item_finished" in found, found
     assert "PRIMARY KEY" not in found and "TEMP B-TREE" not in found, found
