@@ -20,8 +20,9 @@ OURS = "txqueue_"
 PEERS = ["pgqueuer_", "procrastinate_", "django_tasks_db_"]
 # The ceiling beside them: a raw loop on our table (no wake-up, no target of its own).
 CEILING = "hand_written_"
-# Issue 14, part 9: our drain rate at batch 10 against each peer's.
-TARGET_RATIO = {"pgqueuer": 3.0, "procrastinate": 20.0, "django-tasks-db": 20.0}
+# Our drain rate at batch 10 against each peer's: issue 14, part 9; pgqueuer's as issue
+# 28 set it (2×, "on the way to 3×").
+TARGET_RATIO = {"pgqueuer": 2.0, "procrastinate": 20.0, "django-tasks-db": 20.0}
 
 
 def recreate_database() -> None:
