@@ -742,6 +742,12 @@ def delete_all(items: QuerySet[Any]) -> int:
     return delete_retrying(items.order_by())
 
 
+def queues_with_due_items(model: type[Model], alias: str, names: list[str]) -> set[str]:
+    """Which of the queues ``names`` on ``alias`` have a READY item due now, in one
+    statement: what a consumer looks at before claiming from queues it knows nothing of."""
+    return dialect_for(alias).queues_with_due_items(model, alias, names)
+
+
 def release_lost(
     model: type[Model], alias: str, pid: str, held: Iterable[Any], claimed_before: timedelta
 ) -> int:

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 from django.db import Error as DatabaseError
 from django.db import InterfaceError, OperationalError, connections
@@ -104,7 +105,12 @@ class Worker:
         self.stations = {
             alias: Station(
                 alias,
-                Rotation({name: handlers[name] for name in names}, alias, discover),
+                Rotation(
+                    {name: handlers[name] for name in names},
+                    alias,
+                    discover,
+                    probe=partial(store.queues_with_due_items, QueueItem, alias),
+                ),
                 Settler(alias),
                 dialect_for(alias).acks_while_claiming,
             )

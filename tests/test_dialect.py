@@ -5,7 +5,7 @@ import pytest
 from django.db import Error, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from django_txqueue import Queue
+from django_txqueue import Queue, Status, store
 from django_txqueue.db import dialect_for
 from django_txqueue.execution import drop_connection
 from django_txqueue.models import QueueItem
@@ -128,3 +128,25 @@ def test_an_empty_history_list_is_a_purge_done_up_to_the_counter():
     busy = idle.replace("History list length 0", "History list length 12")
     assert purge_status(busy) == (31530, 31529)
     assert purge_status("no InnoDB here") is None
+
+
+def test_a_look_finds_the_queues_with_due_ready_items(db):
+    Queue("due").enqueue({})
+    Queue("later").enqueue({}, delay=3600)
+    Queue("it's").enqueue_many([{}] * 3)
+    Queue("done").enqueue({})
+    QueueItem.objects.filter(queue="done").update(status=Status.DONE)
+    names = ["due", "later", "it's", "done", "empty"]
+    assert store.queues_with_due_items(QueueItem, "default", names) == {"due", "it's"}
+    assert store.queues_with_due_items(QueueItem, "default", []) == set()
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's semi-joins")
+def test_on_mariadb_a_look_probes_each_queue_rather_than_reading_every_ready_row(db):
+    Queue("busy").enqueue_many([{}] * 200)
+    with CaptureQueriesContext(connection) as queries:
+        store.queues_with_due_items(QueueItem, "default", ["busy", "idle"])
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {queries.captured_queries[-1]['sql']}")
+        kinds = {row[1] for row in cursor.fetchall()}
+    assert "DEPENDENT SUBQUERY" in kinds and "MATERIALIZED" not in kinds, kinds

@@ -241,6 +241,12 @@ class MySQL(Dialect):
             cursor.execute(f"ANALYZE TABLE {table}")
             cursor.fetchall()
 
+    def has_a_row(self, select: str) -> str:
+        """Not EXISTS: MariaDB turns that into a semi-join that reads every matching row
+        of the subquery's index range once (a busy queue's every READY row); a scalar
+        subquery with LIMIT 1 stays a probe per outer row."""
+        return f"({select} LIMIT 1) IS NOT NULL"
+
     def purge_progress(self, connection: BaseDatabaseWrapper) -> tuple[int, int] | None:
         """InnoDB keeps a deleted row's index entries, delete-marked, until its purge
         thread removes them: claims read past those in the READY range meanwhile. From
