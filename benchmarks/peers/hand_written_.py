@@ -7,13 +7,11 @@ so shows whether a target ratio to a peer is within reach on this machine at all
 
 from __future__ import annotations
 
-from django_txqueue.contrib.bench import drain as bench_drain
-from django_txqueue.contrib.progress import Progress
-
+from . import txqueue_
 from .common import Drained
-from .txqueue_ import BATCH, TARGET
 
 NAME = "hand-written loop"
+BATCH = txqueue_.BATCH
 
 
 def prepare() -> None:
@@ -21,12 +19,4 @@ def prepare() -> None:
 
 
 def drain(items: int, processes: int) -> Drained:
-    drained = bench_drain.drain_once(
-        TARGET,
-        bench_drain.starter(TARGET, BATCH, "skip_locked", processes, "by hand"),
-        items=items,
-        processes=processes,
-        progress=Progress(None),
-        label=NAME,
-    )
-    return Drained(drained.rate, drained.problems)
+    return txqueue_.drain_forked("by hand", items, processes)

@@ -24,13 +24,19 @@ def prepare() -> None:
 
 def drain(items: int, processes: int) -> Drained:
     # Forked Workers, as the peers' workers are forked (not run_queue_consumer processes).
+    return drain_forked("inprocess", items, processes)
+
+
+def drain_forked(mode: str, items: int, processes: int) -> Drained:
+    """``txqueue_bench``'s drain with forked consumers: ``Worker``s (``inprocess``) or
+    its hand-written loop (``by hand``)."""
     drained = bench_drain.drain_once(
         TARGET,
-        bench_drain.starter(TARGET, BATCH, "skip_locked", processes, "inprocess"),
+        bench_drain.starter(TARGET, BATCH, "skip_locked", processes, mode),
         items=items,
         processes=processes,
         progress=Progress(None),
-        label=NAME,
+        label=f"{NAME} ({mode})",
     )
     return Drained(drained.rate, drained.problems)
 
