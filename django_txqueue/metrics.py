@@ -3,9 +3,9 @@
 Off unless ``enable()`` is called (``run_queue_consumer --metrics-port``): until then
 ``recorder`` is None, prometheus_client is never imported, and the consumer's only cost
 is one ``is None`` test per batch. On, the consumer's main thread reports each claimed
-batch and each settled batch, and its liveness thread each rescue; handler threads
-report nothing. Labels are queue names only, never an item id, so a series' count is
-bounded by the number of queues.
+batch and each settled batch (``Recorder``), and its liveness thread each rescue;
+handler threads report nothing. Labels are queue names only, never an item id, so a
+series' count is bounded by the number of queues.
 
 The database-side gauges (items per status, oldest due item...) are read at scrape
 time by ``collector.py``; serving both is ``exposition.py``'s.
@@ -66,10 +66,10 @@ class Recorder:
 
     Per claim, the consumer's main thread only counts into plain Python (``Tally``),
     the claim and the outcomes settled since the last one together: no call into
-    prometheus-client per value or per batch. The counts reach the
-    client's values in one increment per bucket and counter (``flush``): on the main
-    thread once ``FLUSH_INTERVAL`` has passed, before every collection (so a scrape
-    reads every batch recorded), and in a child of ``--processes`` from a timer
+    prometheus-client per value or per batch. The counts reach the client's values in
+    one increment per bucket and counter (``flush``): on the main thread once
+    ``FLUSH_INTERVAL`` has passed, before every collection (so a scrape reads every
+    batch recorded), and in a child of ``--processes`` from a timer
     (``flush_periodically``) and as it exits.
     """
 

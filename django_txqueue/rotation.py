@@ -103,7 +103,10 @@ class Rotation:
         """Look at the queues of unknown state together (those never claimed, woken all
         at once, or whose POLL_INTERVAL ran out); those without due items become idle
         with no claim. Returns those. One such queue is claimed as it is: no saving."""
-        unknown = self.unknown | {name for name, until in self.idle.items() if until <= now}
+        idle = self.idle
+        if not self.unknown and min(idle.values(), default=now + 1) > now:
+            return set()  # a busy consumer's usual turn: nothing to look at
+        unknown = self.unknown | {name for name, until in idle.items() if until <= now}
         if len(unknown) < 2:
             self.unknown.clear()
             return set()
