@@ -183,8 +183,9 @@ class Recorder:
         """Outcomes the database has, on the consumer's main thread: noted, and counted
         with the next claim (or flush), so that a batch's shares, each settled apart,
         are counted together."""
-        with self._lock:
-            self._settled += outcomes
+        if outcomes:
+            with self._lock:
+                self._settled += outcomes
 
     def _count_settled(self) -> None:
         """Durations observed, outcomes counted per queue. Not counted: an atomic
@@ -269,8 +270,9 @@ class Tally:
     def __init__(self, metric: Any, unit: Any = 1.0) -> None:
         self.metric = metric
         self.unit = unit
+        self.zero = unit * 0  # 0.0, or timedelta(0)
         self.count = 0
-        self.total = unit * 0
+        self.total = self.zero
         bounds: Any = getattr(metric, "_upper_bounds", None)
         buckets: Any = getattr(metric, "_buckets", None)
         total: Any = getattr(metric, "_sum", None)
@@ -292,7 +294,7 @@ class Tally:
         if not values:
             return
         bounds, counts = self.parts[0], self.counts
-        self.total += sum(values, self.unit * 0)
+        self.total += sum(values, self.zero)
         lowest = bisect_left(bounds, min(values))
         if lowest == bisect_left(bounds, max(values)):  # as a batch's values mostly are
             counts[lowest] += len(values)
@@ -301,6 +303,7 @@ class Tally:
             counts[bisect_left(bounds, value)] += 1
 
     def add_one(self, value: Any) -> None:
+        """Observe one value (a claim's size)."""
         if self.parts is None:
             self.metric.observe(value / self.unit)
             return
@@ -318,7 +321,7 @@ class Tally:
             if count:
                 buckets[index].inc(count)
         total.inc(self.total / self.unit)
-        self.counts, self.total = [0] * len(self.counts), self.unit * 0
+        self.counts, self.total = [0] * len(self.counts), self.zero
 
 
 # This process's recorder, or None: metrics off.

@@ -114,10 +114,9 @@ class Rotation:
         due = self.probe(sorted(unknown))
         self.unknown.clear()
         for name in unknown & due:
-            self.idle.pop(name, None)
+            idle.pop(name, None)
         empty = unknown - due
-        for name in empty:
-            self.idle[name] = now + conf.get("POLL_INTERVAL")
+        idle.update(dict.fromkeys(empty, now + conf.get("POLL_INTERVAL")))
         return empty
 
     def wake(self, names: Iterable[str] | None) -> None:

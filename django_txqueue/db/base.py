@@ -187,15 +187,14 @@ class Dialect:
         if not names:
             return set()
         connection = connections[alias]
-        column, table = (
-            quoted_column(connection, model, "queue"),
-            connection.ops.quote_name(model._meta.db_table),
+        table = connection.ops.quote_name(model._meta.db_table)
+        queue, status, run_at = (
+            quoted_column(connection, model, name) for name in ("queue", "status", "run_at")
         )
         named = " UNION ALL ".join(["SELECT %s AS name"] * len(names))
         rows = (
-            f"SELECT 1 FROM {table} WHERE {column} = names.name AND "
-            f"{quoted_column(connection, model, 'status')} = %s AND "
-            f"{quoted_column(connection, model, 'run_at')} <= {now_sql(connection)}"
+            f"SELECT 1 FROM {table} WHERE {queue} = names.name AND {status} = %s "
+            f"AND {run_at} <= {now_sql(connection)}"
         )
         sql = f"SELECT names.name FROM ({named}) names WHERE {self.has_a_row(rows)}"
         with connection.cursor() as cursor:
