@@ -11,11 +11,12 @@ import json
 import re
 
 import pytest
-from django.db import connection
+from django.db import DataError, connection, transaction
 from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 
 from django_txqueue import Queue, Status, signals, store
+from django_txqueue.db import dialect
 from django_txqueue.models import QueueItem
 from django_txqueue.worker import Worker
 from tests.helpers import has
@@ -316,3 +317,73 @@ class TestPreparedStatements:
             connection.close()
         assert any("SKIP LOCKED" in sql and "acked" in sql for sql in prepared), prepared
         assert any("SKIP LOCKED" in sql and "acked" not in sql for sql in prepared), prepared
+
+    def test_enqueues_prepared_where_the_options_allow(self):
+        # Enqueues bind as claims do: prepared too, not left to Django's client-side cursor.
+        options = connection.settings_dict["OPTIONS"]
+        connection.close()
+        options["prepare_threshold"] = 1
+        try:
+            queue = Queue("hotpath")
+            for n in range(3):
+                queue.enqueue({"n": n})
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT statement FROM pg_prepared_statements")
+                prepared = [row[0] for row in cursor.fetchall()]
+        finally:
+            del options["prepare_threshold"]
+            connection.close()
+        assert any(sql.startswith('INSERT INTO "django_txqueue_queueitem"') for sql in prepared)
+        assert [item.payload for item in QueueItem.objects.order_by("pk")] == [
+            {"n": 0},
+            {"n": 1},
+            {"n": 2},
+        ]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's cursors")
+class TestKeptCursor:
+    """The claims, acknowledgements and inserts run on one psycopg cursor kept per
+    connection (a new one per statement looks every adapter up again), through Django's
+    wrapper all the same."""
+
+    def test_one_cursor_per_connection_until_it_is_replaced(self):
+        hot = dialect(connection).hot_cursor
+        with hot(connection) as first, hot(connection) as second:
+            assert first.cursor is second.cursor
+            assert first.cursor.connection is connection.connection
+        connection.close()
+        Queue("hotpath").enqueue(1)  # on a new connection: a new cursor, not the closed one
+        with hot(connection) as third:
+            assert third.cursor is not first.cursor
+            assert third.cursor.connection is connection.connection
+        assert QueueItem.objects.get().payload == 1
+
+    def test_statements_still_reach_djangos_query_log_and_wrappers(self):
+        seen = []
+
+        def wrapper(execute, sql, params, many, context):
+            seen.append(sql)
+            return execute(sql, params, many, context)
+
+        with CaptureQueriesContext(connection) as queries, connection.execute_wrapper(wrapper):
+            Queue("hotpath").enqueue(1)
+            Queue("hotpath").claim(1)
+        assert seen[0].startswith('INSERT INTO "django_txqueue_queueitem"')
+        assert any("SKIP LOCKED" in sql for sql in seen[1:])
+        assert len(queries.captured_queries) == len(seen)
+
+    def test_an_error_leaves_the_cursor_usable(self):
+        hot = dialect(connection).hot_cursor
+        # Django's error class: the kept cursor is still wrapped by Django.
+        with (
+            pytest.raises(DataError, match="division by zero"),
+            transaction.atomic(),
+            hot(connection) as cursor,
+        ):
+            Queue("hotpath").enqueue({"n": 1})
+            cursor.execute("SELECT 1 / 0")
+        Queue("hotpath").enqueue({"n": 2})
+        with hot(connection) as again:
+            assert again.cursor is cursor.cursor
+        assert [item.payload for item in QueueItem.objects.all()] == [{"n": 2}]

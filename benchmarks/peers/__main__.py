@@ -7,6 +7,7 @@ import argparse
 import importlib
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -16,13 +17,18 @@ import django
 import psycopg
 from psycopg import sql
 
+from .common import enqueue_rates
+
 OURS = "txqueue_"
 PEERS = ["pgqueuer_", "procrastinate_", "django_tasks_db_"]
 # The ceiling beside them: a raw loop on our table (no wake-up, no target of its own).
 CEILING = "hand_written_"
+OURS_NAME, CEILING_NAME = "django-txqueue", "hand-written loop"  # their rows' names
 # Our drain rate at batch 10 against each peer's: issue 14, part 9; pgqueuer's as issue
 # 28 set it (2×, "on the way to 3×").
 TARGET_RATIO = {"pgqueuer": 2.0, "procrastinate": 20.0, "django-tasks-db": 20.0}
+# Our enqueue rate (one job per transaction) against pgqueuer's: issue 28, part 4.
+ENQUEUE_TARGET_RATIO = {"pgqueuer": 1.5}
 
 
 def recreate_database() -> None:
@@ -59,6 +65,35 @@ def measure(module_name: str, items: int, processes: int, samples: int) -> dict[
     return row
 
 
+def measure_enqueues(
+    rows: list[dict[str, Any]], modules: list[str], count: int, rounds: int
+) -> None:
+    """Each system's enqueue rate, one job per transaction, taking turns in slices
+    (``common.enqueue_rates``): its median into its row, as ``enqueue``, with the
+    median of its per-round ratios to the hand-written INSERT into a minimal table and
+    to ours."""
+    systems = {}
+    for row, name in zip(rows, modules, strict=True):
+        module = importlib.import_module(f"benchmarks.peers.{name}")
+        if not row["error"] and hasattr(module, "enqueuer"):
+            systems[row["system"]] = (row, module.enqueuer)
+    progress(f"enqueue: {rounds} turns of {count:,} jobs each, one per transaction")
+    rates = enqueue_rates({name: make for name, (_, make) in systems.items()}, count, rounds)
+
+    def ratio(a: str, b: str) -> float | None:
+        if a not in rates or b not in rates:
+            return None
+        return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+
+    for name, (row, _) in systems.items():
+        row["enqueue"] = statistics.median(rates[name])
+        if name != CEILING_NAME:
+            row["enqueue_of_minimal"] = ratio(name, CEILING_NAME)
+        if name in ENQUEUE_TARGET_RATIO and (mine := ratio(OURS_NAME, name)) is not None:
+            target = ENQUEUE_TARGET_RATIO[name]
+            row.update(enqueue_ratio=mine, enqueue_target=target, enqueue_met=mine >= target)
+
+
 def progress(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
@@ -80,15 +115,21 @@ def table(rows: list[dict[str, Any]]) -> str:
         "ours ÷ theirs",
         "target",
         "wake-up p50 / p95",
+        "enqueue",
+        "of a minimal INSERT",
+        "ours ÷ theirs",
+        "target",
         "ok",
     ]
     lines = [header]
     for row in rows:
         if row["error"]:
-            lines.append([row["system"], "", "did not run: " + row["error"], "", "", "", "", "no"])
+            lines.append([row["system"], "", "did not run: " + row["error"], *[""] * 8, "no"])
             continue
         wake = row.get("wakeup")
         ratio, target = row.get("ratio"), row.get("target")
+        enqueue, enqueue_ratio = row.get("enqueue"), row.get("enqueue_ratio")
+        enqueue_target = row.get("enqueue_target")
         lines.append(
             [
                 row["system"],
@@ -98,6 +139,12 @@ def table(rows: list[dict[str, Any]]) -> str:
                 "" if ratio is None else f"{ratio:.1f}×",
                 "" if target is None else f"≥ {target:.0f}×: {'met' if row['met'] else 'not met'}",
                 f"{wake['p50_ms']:.1f} / {wake['p95_ms']:.1f} ms" if wake else "",
+                "" if enqueue is None else f"{enqueue:,.0f}/s",
+                f"{100 * row['enqueue_of_minimal']:.0f}%" if row.get("enqueue_of_minimal") else "",
+                "" if enqueue_ratio is None else f"{enqueue_ratio:.1f}×",
+                ""
+                if enqueue_target is None
+                else f"≥ {enqueue_target:.1f}×: {'met' if row['enqueue_met'] else 'not met'}",
                 "no: " + "; ".join(row["problems"]) if row["problems"] else "yes",
             ]
         )
@@ -114,6 +161,12 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=20_000, help="jobs per drain")
     parser.add_argument("--processes", type=int, default=2, help="worker processes per drain")
     parser.add_argument("--wakeup-items", type=int, default=100, help="wake-up samples")
+    parser.add_argument(
+        "--enqueue-items", type=int, default=500, help="jobs per system per enqueue slice"
+    )
+    parser.add_argument(
+        "--enqueue-rounds", type=int, default=10, help="enqueue slices per system (0: none)"
+    )
     parser.add_argument("--only", nargs="+", help="systems to run (module names)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args()
@@ -128,8 +181,10 @@ def main() -> int:
     if args.only:
         systems = [s for s in systems if s.rstrip("_") in {o.rstrip("_") for o in args.only}]
     rows = [measure(name, args.items, args.processes, args.wakeup_items) for name in systems]
-    ours = next((row for row in rows if row["system"] == "django-txqueue"), {})
-    ceiling = next((row for row in rows if row["system"] == "hand-written loop"), {})
+    if args.enqueue_rounds:
+        measure_enqueues(rows, systems, args.enqueue_items, args.enqueue_rounds)
+    ours = next((row for row in rows if row["system"] == OURS_NAME), {})
+    ceiling = next((row for row in rows if row["system"] == CEILING_NAME), {})
     for row in rows:
         if row["system"] in TARGET_RATIO and not row["error"]:
             judge(ours, row)

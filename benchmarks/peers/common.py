@@ -8,7 +8,7 @@ import queue as queue_module
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +115,31 @@ def fork_drain(consume: Callable[[], None], items: int, processes: int) -> Drain
 
 
 Producer = Callable[[], AbstractContextManager[Callable[[int], float]]]
+
+
+def enqueue_rates(
+    producers: dict[str, Producer], count: int, rounds: int
+) -> dict[str, list[float]]:
+    """Each system's enqueue rate (jobs per second, one job per transaction, from one
+    producer: the ``enqueue_one(n)`` its ``producer()`` yields), in ``rounds`` slices of
+    ``count`` jobs, the systems taking turns slice by slice in an order that rotates:
+    on a machine whose speed drifts from one minute to the next, each round's systems
+    share its speed, so their ratios hold where single long runs do not."""
+    rates: dict[str, list[float]] = {name: [] for name in producers}
+    with ExitStack() as stack:
+        enqueuers = {name: stack.enter_context(make()) for name, make in producers.items()}
+        for enqueue_one in enqueuers.values():
+            for n in range(-WARM_UP, 0):  # connections opened, statements cached
+                enqueue_one(n)
+        names = list(enqueuers)
+        for round_ in range(rounds):
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                started = time.perf_counter()
+                for n in range(round_ * count, (round_ + 1) * count):
+                    enqueuers[name](n)
+                rates[name].append(count / (time.perf_counter() - started))
+    return rates
 
 
 def wakeup_latencies(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 
 from django.db import transaction
 from django.tasks import task
@@ -68,6 +69,20 @@ def _enqueue_one(n: int) -> float:
         transaction.on_commit(lambda: committed.append(time.time()))
         noop.enqueue(n)
     return committed[0]
+
+
+@contextmanager
+def enqueuer() -> Iterator[Callable[[int], float]]:
+    """Its ``enqueue()`` in autocommit: a transaction of its own, as the others'; its
+    table emptied before and after."""
+    DBTaskResult.objects.all().delete()
+
+    def enqueue_one(n: int) -> float:
+        noop.enqueue(n)
+        return time.time()
+
+    yield enqueue_one
+    DBTaskResult.objects.all().delete()
 
 
 def wakeup(samples: int) -> list[float]:

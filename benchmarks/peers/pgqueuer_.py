@@ -90,6 +90,16 @@ def drain(items: int, processes: int) -> Drained:
 
 
 @contextmanager
+def enqueuer() -> Iterator[Callable[[int], float]]:
+    """Its ``enqueue()`` through its synchronous psycopg driver, in autocommit: each job
+    committed on return. Its table is emptied before and after."""
+    _clear()
+    with _producer() as enqueue_one:
+        yield enqueue_one
+    _clear()
+
+
+@contextmanager
 def _producer() -> Iterator[Callable[[int], float]]:
     with psycopg.connect(conninfo(), autocommit=True) as connection:
         queries = SyncQueries(SyncPsycopgDriver(connection))

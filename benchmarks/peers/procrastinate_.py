@@ -8,7 +8,14 @@ from contextlib import contextmanager
 
 from procrastinate import App, PsycopgConnector
 
-from .common import Drained, conninfo, execute, fork_drain, record, wakeup_latencies
+from .common import (
+    Drained,
+    conninfo,
+    execute,
+    fork_drain,
+    record,
+    wakeup_latencies,
+)
 
 NAME = "procrastinate"
 BATCH = 1  # procrastinate fetches one job at a time
@@ -64,6 +71,16 @@ def _producer() -> Iterator[Callable[[int], float]]:
             return time.time()
 
         yield enqueue_one
+
+
+@contextmanager
+def enqueuer() -> Iterator[Callable[[int], float]]:
+    """Its ``defer()``, each job in a transaction of its own; its table emptied before
+    and after."""
+    _clear()
+    with _producer() as enqueue_one:
+        yield enqueue_one
+    _clear()
 
 
 def wakeup(samples: int) -> list[float]:

@@ -4,7 +4,10 @@ exactly-once check, and its idle-consumer wake-up)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
+from django_txqueue import Queue
 from django_txqueue import wakeup as local_wakeup
 from django_txqueue.contrib.bench import drain as bench_drain
 from django_txqueue.contrib.bench import wakeup as bench_wakeup
@@ -39,6 +42,22 @@ def drain_forked(mode: str, items: int, processes: int) -> Drained:
         label=f"{NAME} ({mode})",
     )
     return Drained(drained.rate, drained.problems)
+
+
+@contextmanager
+def enqueuer() -> Iterator[Callable[[int], float]]:
+    """``enqueue()`` in autocommit: one statement, a transaction of its own, as the
+    peers' enqueues commit on return (in a caller's ``atomic()`` it adds no statement
+    of its own; BEGIN and COMMIT are the caller's). Its queue emptied before and after."""
+    TARGET.clear()
+    queue = Queue(TARGET.queue)
+
+    def enqueue_one(n: int) -> float:
+        queue.enqueue({"n": n})
+        return time.time()
+
+    yield enqueue_one
+    TARGET.clear()
 
 
 def wakeup(samples: int) -> list[float]:

@@ -108,9 +108,12 @@ class Dialect:
         together; return how many rows ``ack`` changed and the claimed items."""
         raise NotSupportedError(f"{self.vendor} runs acknowledgements on their own")
 
-    def hot_cursor(self, connection: BaseDatabaseWrapper) -> Any:
-        """A cursor for the statements run once per batch (claims, acknowledgements)."""
-        return connection.cursor()
+    @contextmanager
+    def hot_cursor(self, connection: BaseDatabaseWrapper) -> Iterator[Any]:
+        """A cursor for the statements run once per batch or per enqueue (claims,
+        acknowledgements, inserts)."""
+        with connection.cursor() as cursor:
+            yield cursor
 
     def fetch(self, claim: ClaimStatement, sql: str, params: list[Any]) -> list[Any]:
         """Run a statement that returns whole rows (``claim.columns()``) and load them."""

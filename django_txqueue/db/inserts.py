@@ -231,7 +231,7 @@ class Inserts(Generic[M]):
         else:
             sql, returning = self.statement(connection, shape, len(items))
             params = [value for row in rows for value in row]
-        with connection.cursor() as cursor:
+        with dialect(connection).hot_cursor(connection) as cursor:
             cursor.execute(sql, params)
             if returning:
                 pks = [row[0] for row in cursor.fetchall()]
