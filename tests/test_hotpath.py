@@ -330,15 +330,20 @@ class TestPreparedStatements:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT statement FROM pg_prepared_statements")
                 prepared = [row[0] for row in cursor.fetchall()]
+            # Every shape binds on the server: many rows (arrays), a delay, a dedup key.
+            # (The dedup conflict's rollback makes psycopg deallocate what it prepared.)
+            queue.enqueue_many([{"n": 3}, {"n": 4}])
+            delayed = queue.enqueue({"n": 5}, delay=60)
+            first = queue.enqueue({"n": 6}, dedup_key="d")
+            assert queue.enqueue({"n": 7}, dedup_key="d").pk == first.pk
         finally:
             del options["prepare_threshold"]
             connection.close()
         assert any(sql.startswith('INSERT INTO "django_txqueue_queueitem"') for sql in prepared)
-        assert [item.payload for item in QueueItem.objects.order_by("pk")] == [
-            {"n": 0},
-            {"n": 1},
-            {"n": 2},
-        ]
+        rows = QueueItem.objects.order_by("pk")
+        assert [item.payload["n"] for item in rows] == [0, 1, 2, 3, 4, 5, 6]
+        delayed.refresh_from_db()
+        assert delayed.run_at > delayed.created_at + datetime.timedelta(seconds=59)
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's cursors")
