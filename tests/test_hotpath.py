@@ -364,6 +364,16 @@ class TestKeptCursor:
             assert third.cursor.connection is connection.connection
         assert QueueItem.objects.get().payload == 1
 
+    def test_a_connection_shared_between_threads_gets_a_cursor_per_statement(self):
+        hot = dialect(connection).hot_cursor
+        connection.inc_thread_sharing()
+        try:
+            with hot(connection) as first, hot(connection) as second:
+                assert first.cursor is not second.cursor
+        finally:
+            connection.dec_thread_sharing()
+        assert first.cursor.closed and second.cursor.closed
+
     def test_statements_still_reach_djangos_query_log_and_wrappers(self):
         seen = []
 

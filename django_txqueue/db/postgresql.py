@@ -117,6 +117,12 @@ class PostgreSQL(Dialect):
         INSERT itself): each one looks up again the adapter of every parameter's type
         and every column it reads, which a kept cursor has looked up once."""
         wrapper: Any = connection  # _prepare_cursor: Django's own step of cursor()
+        if wrapper.allow_thread_sharing:
+            # Shared between threads (inc_thread_sharing): a cursor is not, so each
+            # statement gets one of its own, as from Django's cursor().
+            with super().hot_cursor(connection) as cursor:
+                yield cursor
+            return
         wrapper.close_if_health_check_failed()
         wrapper.ensure_connection()
         kept = getattr(wrapper, KEPT_CURSOR, None)
