@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 # Fields whose conversion leaves a plain int or str as it is on every vendor, so such a
 # value is bound without calling the field (get_db_prep_save costs microseconds).
 PLAIN_TYPES = (models.IntegerField, models.CharField, models.TextField)
+PLAIN_VALUES = (int, str)  # the values such a field binds as they are
 
 # A row's shape: the columns it writes, each with None when its value is bound, else
 # the SQL of its expression (the same shape always compiles to the same SQL).
@@ -115,6 +116,10 @@ class Inserts(Generic[M]):
         the first one's with those values replaced.
         """
         connection = self.connection
+        if len(items) == 1:  # an enqueue(): one row, one statement
+            shape, params = self.row(connection, items[0])
+            self._insert(connection, shape, items, [params])
+            return
         rows = self.rows(connection, items, varying)
         batches = list(self.batches(items, rows))
         if len(batches) == 1:
@@ -198,9 +203,12 @@ class Inserts(Generic[M]):
                     continue  # left out: NULL is the column's default
                 shape.append((name, None))
                 params.append(None)
+            elif plain and type(value) in PLAIN_VALUES:  # as the field would leave it
+                shape.append((name, None))
+                params.append(value)
             elif not hasattr(value, "resolve_expression"):
                 shape.append((name, None))
-                params.append(self.bind(field, plain, value, connection))
+                params.append(field.get_db_prep_save(value, connection))
             elif not isinstance(value, DatabaseDefault):  # else left to the db_default
                 sql, expression_params = self.expression_sql(field, value)
                 shape.append((name, sql))
@@ -213,7 +221,7 @@ class Inserts(Generic[M]):
     ) -> Any:
         """``value`` as its column binds it: a plain int or str as it is where ``plain``
         (the field would leave it so), anything else converted by the field."""
-        if plain and type(value) in (int, str):
+        if plain and type(value) in PLAIN_VALUES:
             return value
         return field.get_db_prep_save(value, connection)
 
