@@ -1,6 +1,7 @@
-"""The consumer's drain in two source trees, alternating: what a change did to it.
+"""The consumer's drain, or enqueue(), in two source trees, alternating: what a change did.
 
     python -m benchmarks.trees BEFORE_TREE AFTER_TREE [BATCH] [ITEMS] [ROUNDS]
+    python -m benchmarks.trees BEFORE_TREE AFTER_TREE enqueue [ITEMS] [ROUNDS]
 
 Each round drains ITEMS no-op items (default 20,000, batch 10) with one in-process burst
 ``Worker`` in a fresh interpreter run from each tree (its own ``django_txqueue``), the
@@ -8,6 +9,9 @@ order alternating round by round, on the database ``TXQUEUE_TEST_DB`` names (its
 ``txqueue_bench_cpu``; ``STRATEGY`` picks the claim strategy). Prints each tree's median
 rate and CPU per item of the consumer's process, and every round's rate. Both trees must
 have ``benchmarks/database.py`` and the same migrations.
+
+With ``enqueue``, each round makes ITEMS (default 2,000) ``enqueue()`` calls in autocommit
+instead, one item each, after 200 to warm up, and prints the rate and the CPU per call.
 """
 
 from __future__ import annotations
@@ -40,11 +44,32 @@ print(items / (time.perf_counter() - wall), (time.process_time() - cpu) / items 
 """
 
 
-def drain(tree: str, items: int, batch: int) -> tuple[float, float]:
+ENQUEUE = r"""
+import os, sys, time
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+from benchmarks.database import prepare_database
+prepare_database(os.environ["TXQUEUE_TEST_DB"], "txqueue_bench_cpu")
+from django_txqueue import Queue
+from django_txqueue.models import QueueItem
+items = int(sys.argv[1])
+queue = Queue("bench-cpu")
+QueueItem.objects.all().delete()
+for n in range(200):
+    queue.enqueue({"n": n})
+wall, cpu = time.perf_counter(), time.process_time()
+for n in range(items):
+    queue.enqueue({"n": n})
+print(items / (time.perf_counter() - wall), (time.process_time() - cpu) / items * 1e6)
+QueueItem.objects.all().delete()
+"""
+
+
+def run(tree: str, code: str, *args: int) -> tuple[float, float]:
+    """The rate and the CPU per item that ``code`` prints, run from ``tree``."""
     env = dict(os.environ, PYTHONPATH=tree)
     env.setdefault("TXQUEUE_TEST_DB", "postgresql")
     done = subprocess.run(
-        [sys.executable, "-c", DRAIN, str(items), str(batch)],
+        [sys.executable, "-c", code, *map(str, args)],
         cwd=tree,
         env=env,
         capture_output=True,
@@ -57,14 +82,20 @@ def drain(tree: str, items: int, batch: int) -> tuple[float, float]:
 
 def main() -> None:
     before, after = sys.argv[1:3]
-    given = [int(arg) for arg in sys.argv[3:6]]
-    batch, items, rounds = given + [10, 20_000, 6][len(given) :]
+    if sys.argv[3:4] == ["enqueue"]:
+        given = [int(arg) for arg in sys.argv[4:6]]
+        items, rounds = given + [2_000, 6][len(given) :]
+        code, args, what = ENQUEUE, [items], f"enqueue(), {items:,} calls"
+    else:
+        given = [int(arg) for arg in sys.argv[3:6]]
+        batch, items, rounds = given + [10, 20_000, 6][len(given) :]
+        code, args, what = DRAIN, [items, batch], f"batch {batch}, {items:,} items"
     found: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
     for round_ in range(rounds):
         order = [("before", before), ("after", after)]
         for name, tree in order if round_ % 2 == 0 else reversed(order):
-            found[name].append(drain(tree, items, batch))
-    print(f"batch {batch}, {items:,} items, {rounds} rounds, load {os.getloadavg()[0]:.2f}")
+            found[name].append(run(tree, code, *args))
+    print(f"{what}, {rounds} rounds, load {os.getloadavg()[0]:.2f}")
     for name, runs in found.items():
         rate = statistics.median(r for r, _ in runs)
         cpu = statistics.median(c for _, c in runs)
