@@ -143,6 +143,8 @@ def test_a_json_run_of_every_part_verifies_and_spares_other_queues(consumers_ope
     ]
     for row in report["enqueue"]:
         assert row["ours"] > 0 and row["raw"] > 0 and row["percent"] > 0
+        assert row["minimal"] > 0 and row["percent_of_minimal"] > 0
+    assert "txqueue_bench_minimal" not in connection.introspection.table_names()  # dropped
     shapes = [(row["strategy"], row["batch"]) for row in report["drain"]]
     assert shapes == [(s, b) for s in strategies()[::-1] for b in (1, 10)]
     for row in report["drain"]:

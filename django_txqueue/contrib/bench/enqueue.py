@@ -1,5 +1,7 @@
 """Enqueue: ``enqueue()`` one per transaction against a single-row INSERT in its own
-transaction, and ``enqueue_many()`` of 1,000 against one multi-row INSERT of 1,000."""
+transaction, and ``enqueue_many()`` of 1,000 against one multi-row INSERT of 1,000: into
+the queue's own table, and into a minimal one (``raw.MINIMAL_TABLE``: what a project's own
+outbox table would cost)."""
 
 from __future__ import annotations
 
@@ -44,15 +46,25 @@ def run(
         queue.enqueue_many(payloads)
 
     raw = RawQueue(target) if compare_raw else None
-    figures: dict[str, dict[str, float | None]] = {"one": {"raw": None}, "many": {"raw": None}}
+    figures: dict[str, dict[str, float | None]] = {
+        key: {"raw": None, "minimal": None} for key in ("one", "many")
+    }
     try:
         target.clear()
         if raw is not None:
+            raw.make_minimal_table()
             progress.phase("enqueue, hand-written single-row INSERT")
             figures["one"]["raw"] = timed(
                 items, lambda n: raw.insert_one({"n": n}), progress, "hand-written INSERT"
             )
             target.clear()
+            progress.phase("enqueue, hand-written single-row INSERT into a minimal table")
+            figures["one"]["minimal"] = timed(
+                items,
+                lambda n: raw.insert_one({"n": n}, minimal=True),
+                progress,
+                "hand-written INSERT, minimal table",
+            )
         progress.phase("enqueue(), one per transaction")
         figures["one"]["ours"] = timed(items, enqueue_one, progress, "enqueue()")
         target.clear()
@@ -61,11 +73,20 @@ def run(
             rate = timed(rounds, lambda n: raw.insert_many(payloads), progress, "multi-row INSERT")
             figures["many"]["raw"] = rate * MANY
             target.clear()
+            progress.phase(f"enqueue, hand-written INSERT of {MANY:,} rows into a minimal table")
+            rate = timed(
+                rounds,
+                lambda n: raw.insert_many(payloads, minimal=True),
+                progress,
+                "multi-row INSERT, minimal table",
+            )
+            figures["many"]["minimal"] = rate * MANY
         progress.phase(f"enqueue_many() of {MANY:,}")
         figures["many"]["ours"] = timed(rounds, enqueue_many, progress, "enqueue_many()") * MANY
         target.clear()
     finally:
         if raw is not None:
+            raw.drop_minimal_table()
             raw.close()
     connections[target.alias].close()  # the next part may fork
     return [
@@ -75,6 +96,8 @@ def run(
             "ours": figures[key]["ours"],
             "raw": figures[key]["raw"],
             "percent": percent(figures[key]["ours"], figures[key]["raw"]),
+            "minimal": figures[key]["minimal"],
+            "percent_of_minimal": percent(figures[key]["ours"], figures[key]["minimal"]),
         }
         for key, what, count in (
             ("one", "enqueue(), one per transaction", items),

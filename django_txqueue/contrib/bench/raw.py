@@ -38,6 +38,14 @@ INSERT_COLUMNS = (
     "queue, payload, priority, status, pid, attempts, max_attempts, last_error, error_class"
 )
 NOTIFY_CHANNEL = "txqueue_bench_rtt"
+# A project's own outbox table at its smallest (issue 28, part 4's baseline): a key and
+# the payload. The bench makes it, and drops it when done.
+MINIMAL_TABLE = "txqueue_bench_minimal"
+MINIMAL_COLUMNS = {
+    "postgresql": "id bigserial PRIMARY KEY, payload jsonb",
+    "mysql": "id bigint AUTO_INCREMENT PRIMARY KEY, payload json",
+    "sqlite": "id integer PRIMARY KEY AUTOINCREMENT, payload text",
+}
 READY_INDEX = "txqueue_item_ready"  # QueueItem.Meta.indexes: the claim's own
 # SQLite writers begin IMMEDIATE, as the test and example settings configure Django's.
 BEGIN = {"postgresql": "BEGIN", "sqlite": "BEGIN IMMEDIATE"}
@@ -121,14 +129,30 @@ class RawQueue:
         payload = "%s::jsonb" if self.vendor == "postgresql" else "%s"
         return f"(%s, {payload}, 0, %s, '', 0, 5, '', '')"
 
-    def insert_one(self, payload: Any) -> int:
+    def make_minimal_table(self) -> None:
+        """The minimal table (``MINIMAL_TABLE``), made if missing, empty."""
+        self.execute(
+            f"CREATE TABLE IF NOT EXISTS {MINIMAL_TABLE} ({MINIMAL_COLUMNS[self.vendor]})"
+        )
+        self.execute(f"DELETE FROM {MINIMAL_TABLE}")
+
+    def drop_minimal_table(self) -> None:
+        self.execute(f"DROP TABLE IF EXISTS {MINIMAL_TABLE}")
+
+    def insert_one(self, payload: Any, *, minimal: bool = False) -> int:
         """One row in a transaction of its own, begun and committed as Django's
-        ``atomic()`` does it (so both pay the same round trips); returns its id.
+        ``atomic()`` does it (so both pay the same round trips); returns its id. With
+        ``minimal``, into the minimal table.
 
         On MySQL ``atomic()`` switches autocommit off, commits and switches it on again,
         one round trip more than START TRANSACTION and COMMIT."""
-        sql = f"INSERT INTO {self.table} ({INSERT_COLUMNS}) VALUES {self.values_row()}"
-        params = [self.queue, json.dumps(payload), Status.READY]
+        if minimal:
+            value = "%s::jsonb" if self.vendor == "postgresql" else "%s"
+            sql = f"INSERT INTO {MINIMAL_TABLE} (payload) VALUES ({value})"
+            params: list[Any] = [json.dumps(payload)]
+        else:
+            sql = f"INSERT INTO {self.table} ({INSERT_COLUMNS}) VALUES {self.values_row()}"
+            params = [self.queue, json.dumps(payload), Status.READY]
         if self.vendor == "mysql":
             self.db.autocommit(False)
             pk = int(self.execute(sql, params).lastrowid)
@@ -140,10 +164,16 @@ class RawQueue:
         self.execute("COMMIT")
         return pk
 
-    def insert_many(self, payloads: list[Any]) -> None:
-        """One multi-row INSERT."""
-        rows = ", ".join([self.values_row()] * len(payloads))
+    def insert_many(self, payloads: list[Any], *, minimal: bool = False) -> None:
+        """One multi-row INSERT (with ``minimal``, into the minimal table)."""
         params: list[Any] = []
+        if minimal:
+            value = "(%s::jsonb)" if self.vendor == "postgresql" else "(%s)"
+            rows = ", ".join([value] * len(payloads))
+            params = [json.dumps(payload) for payload in payloads]
+            self.execute(f"INSERT INTO {MINIMAL_TABLE} (payload) VALUES {rows}", params)
+            return
+        rows = ", ".join([self.values_row()] * len(payloads))
         for payload in payloads:
             params += [self.queue, json.dumps(payload), Status.READY]
         self.execute(f"INSERT INTO {self.table} ({INSERT_COLUMNS}) VALUES {rows}", params)

@@ -88,10 +88,17 @@ def table(result: dict[str, Any]) -> str:
         f"{result['cpus']} CPUs, load average {result['load_average']}",
     ]
     if "enqueue" in result:
-        rows = [["enqueue", "txqueue", "hand-written", "% of it"]]
+        rows = [["enqueue", "txqueue", "hand-written", "% of it", "minimal table", "% of it"]]
         for entry in result["enqueue"]:
             rows.append(
-                [entry["what"], rate(entry["ours"]), rate(entry["raw"]), pct(entry["percent"])]
+                [
+                    entry["what"],
+                    rate(entry["ours"]),
+                    rate(entry["raw"]),
+                    pct(entry["percent"]),
+                    rate(entry.get("minimal")),
+                    pct(entry.get("percent_of_minimal")),
+                ]
             )
         out += ["", *columns(rows)]
     if "drain" in result:
