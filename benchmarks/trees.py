@@ -21,14 +21,20 @@ import statistics
 import subprocess
 import sys
 
-DRAIN = r"""
+# Both snippets start alike: the tree's settings, its own database, the queue's API.
+SETUP = r"""
 import os, sys, time
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 from benchmarks.database import prepare_database
 prepare_database(os.environ["TXQUEUE_TEST_DB"], "txqueue_bench_cpu")
 from django_txqueue import Queue
-from django_txqueue.db import dialect_for
 from django_txqueue.models import QueueItem
+"""
+
+DRAIN = (
+    SETUP
+    + r"""
+from django_txqueue.db import dialect_for
 from django_txqueue.worker import Worker
 items, batch = int(sys.argv[1]), int(sys.argv[2])
 QueueItem.objects.all().delete()
@@ -42,15 +48,12 @@ worker.run()
 assert worker.processed == items, worker.processed
 print(items / (time.perf_counter() - wall), (time.process_time() - cpu) / items * 1e6)
 """
+)
 
 
-ENQUEUE = r"""
-import os, sys, time
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-from benchmarks.database import prepare_database
-prepare_database(os.environ["TXQUEUE_TEST_DB"], "txqueue_bench_cpu")
-from django_txqueue import Queue
-from django_txqueue.models import QueueItem
+ENQUEUE = (
+    SETUP
+    + r"""
 items = int(sys.argv[1])
 queue = Queue("bench-cpu")
 QueueItem.objects.all().delete()
@@ -62,6 +65,7 @@ for n in range(items):
 print(items / (time.perf_counter() - wall), (time.process_time() - cpu) / items * 1e6)
 QueueItem.objects.all().delete()
 """
+)
 
 
 def run(tree: str, code: str, *args: int) -> tuple[float, float]:

@@ -16,18 +16,20 @@ from contextlib import contextmanager
 
 import psycopg
 
+from django_txqueue.contrib.bench.raw import MINIMAL_COLUMNS, MINIMAL_TABLE
+
 from . import txqueue_
 from .common import Drained, conninfo, execute
 
 NAME = "hand-written loop"
 BATCH = txqueue_.BATCH
-MINIMAL = "peers_minimal_outbox"
+MINIMAL = MINIMAL_TABLE  # txqueue_bench's own baseline table, in the peers' database
 
 
 def prepare() -> None:
     """It writes django-txqueue's table, which the Django migrations made, and its
     enqueue a minimal table of its own."""
-    execute(f"CREATE TABLE IF NOT EXISTS {MINIMAL} (id bigserial PRIMARY KEY, payload jsonb)")
+    execute(f"CREATE TABLE IF NOT EXISTS {MINIMAL} ({MINIMAL_COLUMNS['postgresql']})")
 
 
 def drain(items: int, processes: int) -> Drained:

@@ -125,9 +125,12 @@ class RawQueue:
 
     # -- producing ---------------------------------------------------------------------
 
+    def json_param(self) -> str:
+        """A bound JSON text as the payload column takes it."""
+        return "%s::jsonb" if self.vendor == "postgresql" else "%s"
+
     def values_row(self) -> str:
-        payload = "%s::jsonb" if self.vendor == "postgresql" else "%s"
-        return f"(%s, {payload}, 0, %s, '', 0, 5, '', '')"
+        return f"(%s, {self.json_param()}, 0, %s, '', 0, 5, '', '')"
 
     def make_minimal_table(self) -> None:
         """The minimal table (``MINIMAL_TABLE``), made if missing, empty."""
@@ -147,8 +150,7 @@ class RawQueue:
         On MySQL ``atomic()`` switches autocommit off, commits and switches it on again,
         one round trip more than START TRANSACTION and COMMIT."""
         if minimal:
-            value = "%s::jsonb" if self.vendor == "postgresql" else "%s"
-            sql = f"INSERT INTO {MINIMAL_TABLE} (payload) VALUES ({value})"
+            sql = f"INSERT INTO {MINIMAL_TABLE} (payload) VALUES ({self.json_param()})"
             params: list[Any] = [json.dumps(payload)]
         else:
             sql = f"INSERT INTO {self.table} ({INSERT_COLUMNS}) VALUES {self.values_row()}"
@@ -168,8 +170,7 @@ class RawQueue:
         """One multi-row INSERT (with ``minimal``, into the minimal table)."""
         params: list[Any] = []
         if minimal:
-            value = "(%s::jsonb)" if self.vendor == "postgresql" else "(%s)"
-            rows = ", ".join([value] * len(payloads))
+            rows = ", ".join([f"({self.json_param()})"] * len(payloads))
             params = [json.dumps(payload) for payload in payloads]
             self.execute(f"INSERT INTO {MINIMAL_TABLE} (payload) VALUES {rows}", params)
             return
