@@ -71,8 +71,8 @@ def drain_figures(batch: int) -> tuple[float, float]:
     from django.db import connection
 
     from django_txqueue import Queue
+    from django_txqueue.consumer.worker import Worker
     from django_txqueue.models import QueueItem
-    from django_txqueue.worker import Worker
 
     statements = []
     cpu = float("inf")

@@ -50,7 +50,7 @@ spent = [0.0]
 
 def timed_recorder(registry: object) -> object:
     """A ``Recorder`` whose two per-batch calls add their time to ``spent``."""
-    from django_txqueue import metrics
+    from django_txqueue.observe import metrics
 
     class Timed(metrics.Recorder):
         def claimed(self, items: list) -> None:  # type: ignore[type-arg]
@@ -88,8 +88,8 @@ def sliced(items: int, batch: int, seconds: float) -> list[tuple[float, float]]:
     neighbours cancels a drift."""
     from prometheus_client import CollectorRegistry
 
-    from django_txqueue import metrics
-    from django_txqueue.worker import Worker
+    from django_txqueue.consumer.worker import Worker
+    from django_txqueue.observe import metrics
 
     fill(items)
     recorder = metrics.Recorder(CollectorRegistry(auto_describe=False))
@@ -132,8 +132,8 @@ def drain(
     """Fill and drain ``items``; items per second and CPU µs per item of this process."""
     from prometheus_client import generate_latest
 
-    from django_txqueue import metrics
-    from django_txqueue.worker import Worker
+    from django_txqueue.consumer.worker import Worker
+    from django_txqueue.observe import metrics
 
     fill(items)
     if registry is None:
@@ -208,7 +208,7 @@ def main() -> None:
     prepare_database(VENDOR, "txqueue_bench_metrics")
     from prometheus_client import CollectorRegistry
 
-    from django_txqueue.collector import QueueCollector
+    from django_txqueue.observe.collector import QueueCollector
 
     runs: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
     drain(min(items, 2000), batch, None)  # warm-up: imports, compiled statements

@@ -30,7 +30,7 @@ WINDOW = 30.0
 def churn(seconds: float, from_head: bool) -> list[float]:
     """Claim rates (claims per second of claiming) per WINDOW over ``seconds``."""
     from django_txqueue import Queue, store
-    from django_txqueue.claims import Resume
+    from django_txqueue.consumer.claims import Resume
     from django_txqueue.models import QueueItem
 
     queue = Queue("bench-xmin")

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .api import Queue, enqueue, enqueue_many, run_in_transaction
+    from .consumer.registry import handler
     from .exceptions import QueueFull
     from .idempotency import once
     from .models import Consumer, QueueItem, QueueModel, Status
     from .outbox import on_commit
-    from .registry import handler
 
 __all__ = [
     "Consumer",
@@ -42,7 +42,7 @@ _HOMES = {
     "QueueItem": "models",
     "QueueModel": "models",
     "Status": "models",
-    "handler": "registry",
+    "handler": "consumer.registry",
     "on_commit": "outbox",
     "once": "idempotency",
 }

@@ -45,10 +45,10 @@ from django.utils.timesince import timesince
 
 from . import conf, schedule
 from .api import Queue, queue_databases, requeue_all_stuck
-from .chart import throughput_chart
 from .db import dialect_for
 from .models import Consumer, Dashboard, QueueItem, QueueItemQuerySet, Status, stuck_condition
-from .monitoring import overview_of, stuck_items
+from .observe.chart import throughput_chart
+from .observe.reads import overview_of, stuck_items
 from .status import FINISHED
 
 # A colour per state; the label is always written too, so the colour is never the only cue.

@@ -16,12 +16,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
 from django.db.transaction import TransactionManagementError
 
-from . import conf, fairness, monitoring, registry, store, tracing
-from .claims import Claims
+from . import conf, store
+from .consumer import registry
+from .consumer.claims import Claims
+from .consumer.wakeup import wake_local_consumers
 from .db import dialect_for
 from .db.inserts import inserts
 from .models import QueueBound, QueueItem, QueueItemQuerySet, QueuePause
+from .observe import reads, tracing
 from .status import Status
+from .store import fairness
 from .validation import (
     INT_RANGE,
     check_json,
@@ -31,7 +35,6 @@ from .validation import (
     validate_queue_name,
     validate_run_at,
 )
-from .wakeup import wake_local_consumers
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -331,9 +334,9 @@ class Queue:
         """Counts per status, stuck items, and how long the oldest due item has waited;
         for a fair or ordered queue also ``keys_waiting`` and ``top_keys``.
 
-        Never reads all the finished rows (``monitoring.queue_stats``).
+        Never reads all the finished rows (``reads.queue_stats``).
         """
-        return monitoring.queue_stats(self.name, self.items)
+        return reads.queue_stats(self.name, self.items)
 
     # -- maintaining ---------------------------------------------------------------
 

@@ -238,7 +238,7 @@ def _schedule_item_problems(options: dict[str, Any]) -> list[str]:
 def _schedule_task_problems(options: dict[str, Any]) -> list[str]:
     if "TASK" not in options:
         return []
-    from .backends import TxQueueBackend  # only then: it imports the Tasks framework
+    from .tasks.backend import TxQueueBackend  # only then: it imports the Tasks framework
 
     path = options["TASK"]
     try:

@@ -22,9 +22,10 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils.module_loading import import_string
 
-from . import conf, store, tracing
+from . import conf, store
 from .api import Queue, refuse_other_transaction
 from .models import QueueItem
+from .observe import tracing
 from .validation import check_json
 
 logger = logging.getLogger(__name__)

@@ -84,11 +84,11 @@ class Entry:
 
     def load_task(self) -> Any:
         """The Django Task of a TASK entry."""
-        from . import backends  # only for TASK entries: it imports the Tasks framework
+        from .tasks import backend  # only for TASK entries: it imports the Tasks framework
 
-        if backends.TASKS_FRAMEWORK is None:
+        if backend.TASKS_FRAMEWORK is None:
             raise ValueError("TASK entries need Django's Tasks framework")
-        return backends.load_task(str(self.task))
+        return backend.load_task(str(self.task))
 
     def queue_name(self) -> str:
         """The queue its items go to: QUEUE, or the task's queue."""
@@ -99,7 +99,7 @@ class Entry:
         database its backend enqueues the task on."""
         if self.task is None:
             return home_database(str(self.queue))
-        from .backends import TxQueueBackend
+        from .tasks.backend import TxQueueBackend
 
         task = self.load_task()
         backend = task.get_backend()

@@ -4,7 +4,7 @@ Prometheus gauges read from the database (``views.py``, docs/metrics.md)."""
 
 from django.urls import path
 
-from . import health, views
+from .observe import health, views
 
 app_name = "django_txqueue"
 

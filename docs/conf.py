@@ -50,8 +50,8 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(QuerySet|Model|Manager|timedelta|datetime|Signal|JSONField)"),
     # The package's type variables, and the internal classes its public ones return or
     # hold (documented through their public methods, not as pages of their own).
-    (r"py:class", r"django_txqueue\.\w+\.[A-Z]"),
-    (r"py:class", r"django_txqueue\.(claims\.Claims|models\.QueueItemQuerySet)"),
+    (r"py:class", r"django_txqueue\.[\w.]+\.[A-Z]"),
+    (r"py:class", r"django_txqueue\.(consumer\.claims\.Claims|models\.QueueItemQuerySet)"),
 ]
 
 autodoc_member_order = "bysource"

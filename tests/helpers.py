@@ -250,8 +250,8 @@ FAST = {
 
 def worker_for(*names, **options):
     """A Worker of the named queues' handlers (tests/testapp/queues.py)."""
-    from django_txqueue import registry
-    from django_txqueue.worker import Worker
+    from django_txqueue.consumer import registry
+    from django_txqueue.consumer.worker import Worker
 
     registry.autodiscover()
     known = registry.handlers()

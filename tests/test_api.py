@@ -279,7 +279,7 @@ class TestInspect:
         assert 29 <= stats["oldest_ready_age_s"] < 120
 
     def test_stats_counts_done_items_only_up_to_a_bound(self, queue, monkeypatch):
-        monkeypatch.setattr("django_txqueue.monitoring.EXACT_DONE_UP_TO", 2)
+        monkeypatch.setattr("django_txqueue.observe.reads.EXACT_DONE_UP_TO", 2)
         queue.enqueue_many([{}] * 5)
         for item in queue.claim(5):
             item.ack()
@@ -315,7 +315,7 @@ class TestInspect:
 
 class TestMaintenance:
     def test_purge_deletes_only_old_finished_items_in_batches(self, queue, monkeypatch):
-        monkeypatch.setattr("django_txqueue.store.PURGE_BATCH", 3)
+        monkeypatch.setattr("django_txqueue.store.upkeep.PURGE_BATCH", 3)
         queue.enqueue_many([{}] * 10)
         for item in queue.claim(7):
             item.ack() if item.pk % 2 else item.fail("x")
@@ -324,7 +324,7 @@ class TestMaintenance:
         assert queue.count(status=None) == 3
 
     def test_purge_deletes_in_short_batches_of_purge_batch(self, queue, monkeypatch):
-        monkeypatch.setattr("django_txqueue.store.PURGE_BATCH", 3)
+        monkeypatch.setattr("django_txqueue.store.upkeep.PURGE_BATCH", 3)
         queue.enqueue_many([{"n": n} for n in range(12)])
         claimed = queue.claim(11)
         for item in claimed[:10]:
@@ -367,7 +367,7 @@ class TestMaintenance:
 
 def test_public_api_is_importable_from_the_package():
     import django_txqueue
-    from django_txqueue import registry
+    from django_txqueue.consumer import registry
 
     assert django_txqueue.handler is registry.handler
     assert set(django_txqueue.__all__) >= {

@@ -14,10 +14,11 @@ from django.db.backends.signals import connection_created
 from django.test.utils import override_settings
 
 import django_txqueue
-from django_txqueue import Queue, QueueFull, enqueue, on_commit, once, registry
+from django_txqueue import Queue, QueueFull, enqueue, on_commit, once
+from django_txqueue.consumer import registry
+from django_txqueue.consumer.worker import Worker
 from django_txqueue.models import Consumer, Effect, QueueBound, QueueItem, ScheduleTick
 from django_txqueue.schedule import Scheduler
-from django_txqueue.worker import Worker
 from tests.testapp import calls
 
 from .helpers import expire, finished_items
@@ -27,7 +28,7 @@ PACKAGE = Path(django_txqueue.__file__).resolve().parent
 BASELINE = PACKAGE / "contrib" / "bench" / "raw.py"
 VENDOR_ATTRIBUTES = {"vendor", "mysql_is_mariadb", "mysql_version", "pg_version"}
 WRITE = re.compile(r"\b(INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM|REPLACE\s+INTO)\b", re.I)
-WRITERS = {PACKAGE / "store.py", *(PACKAGE / "db").glob("*.py")}
+WRITERS = {*(PACKAGE / "store").glob("*.py"), *(PACKAGE / "db").glob("*.py")}
 
 
 def core_modules():

@@ -5,8 +5,9 @@ test_settle.py how the consumer counts what such a handler's transaction settled
 
 import pytest
 
-from django_txqueue import Queue, Status, registry
-from django_txqueue.execution import run_atomic
+from django_txqueue import Queue, Status
+from django_txqueue.consumer import registry
+from django_txqueue.consumer.execution import run_atomic
 from django_txqueue.models import QueueItem
 from tests.helpers import expire
 from tests.testapp.models import Run

@@ -27,9 +27,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from django_txqueue import Queue, Status, enqueue, store
-from django_txqueue import backends as txbackends
 from django_txqueue import signals as signals_txqueue
-from django_txqueue.backends import (
+from django_txqueue.consumer.registry import handlers
+from django_txqueue.consumer.worker import Worker
+from django_txqueue.management.commands import run_queue_consumer
+from django_txqueue.models import Consumer, QueueItem
+from django_txqueue.tasks import backend as txbackends
+from django_txqueue.tasks.backend import (
     TASKS_FRAMEWORK,
     ItemFailed,
     TxQueueBackend,
@@ -38,10 +42,6 @@ from django_txqueue.backends import (
     run_task,
     task_handlers,
 )
-from django_txqueue.management.commands import run_queue_consumer
-from django_txqueue.models import Consumer, QueueItem
-from django_txqueue.registry import handlers
-from django_txqueue.worker import Worker
 
 from .helpers import ROOT, child_env, expire, wait_for
 
@@ -748,7 +748,7 @@ def test_a_running_consumer_finds_new_task_queues_without_a_restart(
     """The real command with no queue names, in a thread (its signal handlers are left
     out: only the main thread may install them); stopped as a signal would stop it."""
     settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 0.1, "HEARTBEAT_INTERVAL": 0.1}
-    monkeypatch.setattr("django_txqueue.rotation.DISCOVERY_INTERVAL", 0.1)
+    monkeypatch.setattr("django_txqueue.consumer.rotation.DISCOVERY_INTERVAL", 0.1)
     workers, errors = [], []
 
     class RecordedWorker(Worker):
@@ -807,7 +807,7 @@ def test_module_imports_without_a_tasks_framework(monkeypatch):
     for name in ("django.tasks", "django_tasks"):
         monkeypatch.setitem(sys.modules, name, None)  # makes importing it fail
     spec = importlib.util.spec_from_file_location(
-        "django_txqueue._backends_probe", txbackends.__file__
+        "django_txqueue.tasks._backend_probe", txbackends.__file__
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -823,7 +823,7 @@ def test_importing_the_package_loads_no_tasks_framework():
     code = (
         "import sys, django; django.setup(); import django_txqueue; "
         "print(sorted(m for m in sys.modules if m.startswith("
-        "('django_txqueue.backends', 'django.tasks', 'django_tasks'))))"
+        "('django_txqueue.backends', 'django_txqueue.tasks', 'django.tasks', 'django_tasks'))))"
     )
     env = {**child_env(), "TXQUEUE_TEST_NAME": ""}
     out = subprocess.run(

@@ -24,8 +24,8 @@ from django.utils import timezone
 from django.utils.connection import ConnectionDoesNotExist
 
 from django_txqueue import Queue, Status, enqueue, on_commit
+from django_txqueue.consumer.worker import Worker
 from django_txqueue.models import QueueItem
-from django_txqueue.worker import Worker
 
 ITEMS = reverse("admin:django_txqueue_queueitem_changelist")
 

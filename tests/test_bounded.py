@@ -13,8 +13,8 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_txqueue import Queue, QueueFull, Status
-from django_txqueue.backends import TASKS_FRAMEWORK
 from django_txqueue.models import QueueBound
+from django_txqueue.tasks.backend import TASKS_FRAMEWORK
 
 from .helpers import ROOT, child_env
 

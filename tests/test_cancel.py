@@ -16,12 +16,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_txqueue import Queue, QueueFull, Status, enqueue, store
-from django_txqueue.backends import TASKS_FRAMEWORK, ItemCancelled
+from django_txqueue.consumer.worker import Worker
 from django_txqueue.models import QueueItem
-from django_txqueue.worker import Worker
+from django_txqueue.tasks.backend import TASKS_FRAMEWORK, ItemCancelled
 from tests.helpers import FAST, expire, running, wait_for
 from tests.test_admin import DASHBOARD, ITEMS, act, item_page, message, queue_rows, shown, staff
-from tests.test_liveness import liveness
+from tests.test_housekeeping import liveness
 from tests.testapp.models import Thing
 
 LONG = 600  # a lease no test outlives

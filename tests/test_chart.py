@@ -1,10 +1,10 @@
-"""django_txqueue.chart: the dashboard's throughput chart, a bar per minute."""
+"""django_txqueue.observe.chart: the dashboard's throughput chart, a bar per minute."""
 
 import datetime as dt
 import re
 
-from django_txqueue.chart import HEIGHT, throughput_chart
-from django_txqueue.monitoring import Minute
+from django_txqueue.observe.chart import HEIGHT, throughput_chart
+from django_txqueue.observe.reads import Minute
 
 
 class TestThroughputChart:

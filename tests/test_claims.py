@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from django_txqueue import Queue
-from django_txqueue.claims import FULL_CLAIM_EVERY, FULL_CLAIM_SHARE, Resume
+from django_txqueue.consumer.claims import FULL_CLAIM_EVERY, FULL_CLAIM_SHARE, Resume
 from tests.helpers import analyze, explain, has, item_reads, plan_lines
 
 resumes = pytest.mark.requires("resumes_claims")
@@ -107,7 +107,7 @@ def test_the_consumer_resumes_its_claims_and_ends_on_one_from_the_head():
     """A burst consumer, batch 10, 30 items: the first claim reads from the head, the
     next three after the last item claimed (the third finds nothing), and one from the
     head finds the queue empty."""
-    from django_txqueue.worker import Worker
+    from django_txqueue.consumer.worker import Worker
 
     Queue("resumed").enqueue_many([{"n": n} for n in range(30)])
     claims = []

@@ -17,9 +17,10 @@ from django.core.management.base import CommandError, SystemCheckError
 from django.db import connection
 from django.utils import timezone
 
-from django_txqueue import Queue, Status, enqueue, once, registry
-from django_txqueue.backends import TASKS_FRAMEWORK
+from django_txqueue import Queue, Status, enqueue, once
+from django_txqueue.consumer import registry
 from django_txqueue.models import Consumer, Effect, QueueItem
+from django_txqueue.tasks.backend import TASKS_FRAMEWORK
 from tests.helpers import child_env
 
 

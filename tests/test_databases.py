@@ -17,10 +17,10 @@ from django.db.transaction import TransactionManagementError
 
 from django_txqueue import Queue, Status, enqueue, on_commit
 from django_txqueue.api import queue_databases
-from django_txqueue.backends import TASKS_FRAMEWORK
 from django_txqueue.management import own_queue
 from django_txqueue.models import Consumer, QueueItem
-from django_txqueue.monitoring import overview_of
+from django_txqueue.observe.reads import overview_of
+from django_txqueue.tasks.backend import TASKS_FRAMEWORK
 from tests.testapp.models import Run
 
 from .helpers import FAST, ROOT, child_env, worker_for

@@ -6,8 +6,8 @@ from django.db import Error, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_txqueue import Queue, Status, store
+from django_txqueue.consumer.execution import drop_connection
 from django_txqueue.db import dialect_for
-from django_txqueue.execution import drop_connection
 from django_txqueue.models import QueueItem
 from tests.helpers import has, lose_connection, wait_for
 

@@ -4,10 +4,11 @@ consumer's; test_atomic_handlers.py covers the atomic handler's transaction in d
 import pytest
 from django.db import connection
 
-from django_txqueue import Queue, Status, registry
-from django_txqueue.execution import Outcome, run_handler
+from django_txqueue import Queue, Status
+from django_txqueue.consumer import registry
+from django_txqueue.consumer.execution import Outcome, run_handler
+from django_txqueue.consumer.settle import Settler
 from django_txqueue.models import QueueItem
-from django_txqueue.settle import Settler
 from tests.helpers import lose_connection
 from tests.testapp.models import Run
 

@@ -16,9 +16,9 @@ from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 
 from django_txqueue import Queue, Status, signals, store
+from django_txqueue.consumer.worker import Worker
 from django_txqueue.db import dialect
 from django_txqueue.models import QueueItem
-from django_txqueue.worker import Worker
 from tests.helpers import has
 
 pytestmark = pytest.mark.django_db(transaction=True)

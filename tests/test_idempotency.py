@@ -8,7 +8,8 @@ import threading
 import pytest
 from django.db import connections, transaction
 
-from django_txqueue import Queue, Status, enqueue, once, registry
+from django_txqueue import Queue, Status, enqueue, once
+from django_txqueue.consumer import registry
 from django_txqueue.models import Effect
 from tests.helpers import ROOT, child_env
 from tests.testapp import gateway

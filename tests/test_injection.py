@@ -100,7 +100,7 @@ def test_command_arguments(hostile, bystander):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_consumer_serves_a_hostile_queue_name():
-    from django_txqueue.worker import Worker
+    from django_txqueue.consumer.worker import Worker
 
     name = HOSTILE[0]
     Queue(name).enqueue_many([{"n": n} for n in range(3)])

@@ -8,9 +8,9 @@ import logging
 import pytest
 
 from django_txqueue import Queue, Status
-from django_txqueue.backends import TASKS_FRAMEWORK, run_task
-from django_txqueue.logs import about
-from django_txqueue.worker import Worker
+from django_txqueue.consumer.worker import Worker
+from django_txqueue.observe.logs import about
+from django_txqueue.tasks.backend import TASKS_FRAMEWORK, run_task
 from tests.helpers import running, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_consumers")]
@@ -102,8 +102,8 @@ def test_the_fields_are_no_log_record_attributes_and_reach_a_json_formatter(db):
     assert set(extra) == set(FIELDS)
     builtin = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
     assert not set(extra) & builtin
-    record = logging.getLogger("django_txqueue.settle").makeRecord(
-        "django_txqueue.settle", logging.WARNING, __file__, 1, "x", (), None, extra=extra
+    record = logging.getLogger("django_txqueue.consumer.settle").makeRecord(
+        "django_txqueue.consumer.settle", logging.WARNING, __file__, 1, "x", (), None, extra=extra
     )
 
     class JSONFormatter(logging.Formatter):  # as docs/tracing.md shows it

@@ -20,9 +20,10 @@ from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError
 from django.test import override_settings
 
-from django_txqueue import Queue, Status, metrics
+from django_txqueue import Queue, Status
 from django_txqueue.checks import check_metrics_token
 from django_txqueue.models import Consumer, QueueItem
+from django_txqueue.observe import metrics
 from tests.helpers import FAST, ROOT, child_env, worker_for
 from tests.helpers import wait_for as poll
 
@@ -72,7 +73,7 @@ def known_queues():
     it runs (a consumer has imported every installed app's ``queues`` module)."""
     from django.conf import settings
 
-    from django_txqueue import registry
+    from django_txqueue.consumer import registry
 
     registry.autodiscover()
     return set(settings.TXQUEUE.get("QUEUES", {})) | set(registry.handlers())
@@ -141,12 +142,12 @@ def test_a_drain_counts_processed_failed_and_retried_per_queue(recorded, fast_co
 
 @pytest.mark.django_db(transaction=True)
 def test_a_rescue_is_counted_for_its_queue(recorded, fast_consumers):
-    from django_txqueue.liveness import Liveness
+    from django_txqueue.consumer.housekeeping import Housekeeping
 
     stuck = Queue("echo")
     stuck.enqueue({"n": 1})
     stuck.claim(pid="gone", lease=0.001)
-    liveness = Liveness(
+    liveness = Housekeeping(
         Consumer(identity="metrics-test", host="h", os_pid=1, queues=["echo"]),
         "default",
         queues=lambda: [stuck],
@@ -254,7 +255,7 @@ def test_a_scrape_reads_no_queue_name_from_the_items(db):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_txqueue.collector import queue_rows
+    from django_txqueue.observe.collector import queue_rows
 
     def scrape():
         with CaptureQueriesContext(connection) as queries:
@@ -280,9 +281,9 @@ def test_a_scrape_reads_no_queue_name_from_the_items(db):
 def test_past_a_small_table_done_items_are_the_planners_estimate(db, monkeypatch):
     """DONE items have no index led by their queue: a scrape counts them only while the
     table is small, and past that asks the planner (EXPLAIN, no count)."""
-    from django_txqueue import monitoring
-    from django_txqueue.collector import queue_rows
     from django_txqueue.db import dialect_for
+    from django_txqueue.observe import reads
+    from django_txqueue.observe.collector import queue_rows
 
     Queue("echo").enqueue({})
     # Reported while all its items are DONE: a consumer serves it.
@@ -290,7 +291,7 @@ def test_past_a_small_table_done_items_are_the_planners_estimate(db, monkeypatch
     QueueItem.objects.update(status=Status.DONE)
     assert queue_rows(["default"])["echo"].done == 1  # a small table: counted
     dialect = type(dialect_for("default"))
-    rows = monitoring.SCRAPE_COUNTS_UP_TO + 1
+    rows = reads.SCRAPE_COUNTS_UP_TO + 1
     monkeypatch.setattr(dialect, "table_rows", lambda self, queryset: rows)
     monkeypatch.setattr(dialect, "approximate_count", lambda self, queryset: 12_345)
     counted = []
@@ -369,7 +370,9 @@ def test_nothing_imports_prometheus_client_unless_asked():
     """A consumer's modules, the URLconf, the view and the checks: none imports it."""
     code = (
         "import sys, django; django.setup();"
-        "from django_txqueue import worker, settle, liveness, urls, views, checks;"
+        "from django_txqueue import urls, checks;"
+        "from django_txqueue.consumer import worker, settle, housekeeping;"
+        "from django_txqueue.observe import views;"
         "from django_txqueue.management.commands import run_queue_consumer;"
         "sys.exit('prometheus_client' in sys.modules)"
     )

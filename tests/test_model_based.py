@@ -52,7 +52,7 @@ from django_txqueue import Queue, QueueFull, QueueItem, Status, enqueue, enqueue
 from django_txqueue.models import QueueBound, QueuePause
 
 from .helpers import expire, strategies
-from .test_liveness import liveness
+from .test_housekeeping import liveness
 
 READY, IN_PROGRESS, DONE, FAILED = Status.READY, Status.IN_PROGRESS, Status.DONE, Status.FAILED
 CANCELLED = Status.CANCELLED

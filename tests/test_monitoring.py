@@ -1,4 +1,4 @@
-"""django_txqueue.monitoring: the read model of the admin's dashboard and stuck page (what
+"""django_txqueue.observe.reads: the read model of the admin's dashboard and stuck page (what
 each row says, in how many queries). test_chart.py draws it.
 
 test_admin.py shows the same through the pages; test_admin_scale.py at scale.
@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from django_txqueue import Queue, Status, enqueue
 from django_txqueue.models import Consumer, QueueItem
-from django_txqueue.monitoring import MINUTES, duration, overview, stuck_items
+from django_txqueue.observe.reads import MINUTES, duration, overview, stuck_items
 
 NOW = timezone.now
 

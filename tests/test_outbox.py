@@ -10,10 +10,11 @@ import time
 import pytest
 from django.db import transaction
 
-from django_txqueue import Queue, Status, on_commit, registry
+from django_txqueue import Queue, Status, on_commit
+from django_txqueue.consumer import registry
+from django_txqueue.consumer.worker import Worker
 from django_txqueue.models import QueueItem
 from django_txqueue.outbox import QUEUE
-from django_txqueue.worker import Worker
 from tests.helpers import ROOT, child_env, wait_for
 from tests.testapp import calls
 from tests.testapp.models import Run

@@ -103,7 +103,7 @@ def test_resume_wakes_a_waiting_consumer_at_once(settings, monkeypatch):
     """With polls 30 s apart from the first, only the resume's announcement (NOTIFY on
     PostgreSQL, a local datagram elsewhere) can bring the item in within seconds."""
     settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 30, "HEARTBEAT_INTERVAL": 30}
-    monkeypatch.setattr("django_txqueue.worker.FIRST_IDLE_WAIT", 30)
+    monkeypatch.setattr("django_txqueue.consumer.worker.FIRST_IDLE_WAIT", 30)
     echo = Queue("echo")
     echo.pause()
     worker = worker_for("echo")

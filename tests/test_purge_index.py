@@ -64,7 +64,7 @@ def test_sqlite_purges_once_records_through_the_recorded_at_index(db):
 
 def test_the_oldest_finished_go_first(db, monkeypatch):
     """A purge cut short deletes the items that finished longest ago, whatever their pks."""
-    monkeypatch.setattr(store, "PURGE_BATCH", 2)
+    monkeypatch.setattr(store.upkeep, "PURGE_BATCH", 2)
     younger = finished_items("a", 2, ago=dt.timedelta(days=3))
     oldest = finished_items("a", 2, ago=dt.timedelta(days=9))  # higher pks, finished first
     older = finished_items("a", 2, ago=dt.timedelta(days=5))
@@ -75,7 +75,7 @@ def test_the_oldest_finished_go_first(db, monkeypatch):
 
 
 def test_the_oldest_once_records_go_first(db, monkeypatch):
-    monkeypatch.setattr(store, "PURGE_BATCH", 1)
+    monkeypatch.setattr(store.upkeep, "PURGE_BATCH", 1)
     for key, ago in (("young", 2), ("oldest", 9), ("old", 5)):
         Effect.objects.create(key=key)
         Effect.objects.filter(key=key).update(recorded_at=timezone.now() - dt.timedelta(days=ago))

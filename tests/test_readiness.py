@@ -1,5 +1,5 @@
-"""django_txqueue.readiness: the consumer's wait for its database before the system checks,
-and the check that the app's tables are there. e2e/test_startup.py starts real consumers
+"""django_txqueue.consumer.readiness: the consumer's wait for its database before the system
+checks, and the check that the app's tables are there. e2e/test_startup.py starts real consumers
 while a server is down.
 
 The unreachable database here is a SQLite file in a directory that does not exist yet, as
@@ -12,9 +12,9 @@ import threading
 import pytest
 from django.db import connections
 
-from django_txqueue.logs import one_line
+from django_txqueue.consumer.readiness import missing_tables, wait_for_database
 from django_txqueue.models import QueueItem
-from django_txqueue.readiness import missing_tables, wait_for_database
+from django_txqueue.observe.logs import one_line
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def warnings(caplog):
 
 def test_a_database_that_answers_is_ready_at_once(db, caplog):
     stopping = Stopping()
-    with caplog.at_level(logging.INFO, logger="django_txqueue.readiness"):
+    with caplog.at_level(logging.INFO, logger="django_txqueue.consumer.readiness"):
         assert wait_for_database("default", stopping) is True
     assert stopping.pauses == []
     assert caplog.records == []
@@ -67,7 +67,7 @@ def test_a_database_that_answers_is_ready_at_once(db, caplog):
 
 def test_an_unreachable_database_is_tried_with_growing_pauses_until_stopped(sqlite_alias, caplog):
     stopping = Stopping(then=lambda n: n == 3 and stopping.set())
-    with caplog.at_level(logging.INFO, logger="django_txqueue.readiness"):
+    with caplog.at_level(logging.INFO, logger="django_txqueue.consumer.readiness"):
         assert wait_for_database(sqlite_alias, stopping) is False
     # 0.5 s doubling, each give or take 20% so that consumers that failed together spread.
     assert len(stopping.pauses) == 4
@@ -83,7 +83,7 @@ def test_an_unreachable_database_is_tried_with_growing_pauses_until_stopped(sqli
 
 def test_a_database_that_comes_up_ends_the_wait_and_says_so(sqlite_alias, tmp_path, caplog):
     stopping = Stopping(then=lambda n: n == 1 and (tmp_path / "volume").mkdir())
-    with caplog.at_level(logging.INFO, logger="django_txqueue.readiness"):
+    with caplog.at_level(logging.INFO, logger="django_txqueue.consumer.readiness"):
         assert wait_for_database(sqlite_alias, stopping) is True
     assert len(stopping.pauses) == 2
     assert len(warnings(caplog)) == 2

@@ -1,4 +1,4 @@
-"""django_txqueue.registry: ``@handler("queue")``, the handlers a consumer serves, and
+"""django_txqueue.consumer.registry: ``@handler("queue")``, the handlers a consumer serves, and
 ``autodiscover()`` of the installed apps' ``queues.py``."""
 
 import subprocess
@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from django_txqueue import registry
-from django_txqueue.backends import TASKS_FRAMEWORK, run_task
-from django_txqueue.registry import handler
+from django_txqueue.consumer import registry
+from django_txqueue.consumer.registry import handler
+from django_txqueue.tasks.backend import TASKS_FRAMEWORK, run_task
 from tests.helpers import ROOT, child_env
 
 
@@ -172,7 +172,7 @@ def test_autodiscover_imports_the_tasks_backends_named_in_settings():
     """In a fresh process the registry knows no Tasks queue until autodiscover() imports the
     backend named in TASKS, which registers them: the registry never imports it."""
     code = (
-        "import sys, django; django.setup(); from django_txqueue import registry; "
+        "import sys, django; django.setup(); from django_txqueue.consumer import registry; "
         "before = sorted(registry.handlers()); registry.autodiscover(); "
         "print(before, 'django_txqueue.backends' in sys.modules, "
         "registry.handlers()['tasks-other'].__name__)"

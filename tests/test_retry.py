@@ -1,4 +1,4 @@
-"""django_txqueue.retry: the back-off of a failed item's retries, and the pauses of a
+"""django_txqueue.store.backoff: the back-off of a failed item's retries, and the pauses of a
 consumer that cannot reach its database. Pure functions: no database.
 
 test_store.py shows a retried item's ``run_at`` moved by ``backoff``.
@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from django_txqueue.retry import (
+from django_txqueue.store.backoff import (
     FIRST_PAUSE,
     MAX_PAUSE,
     RECONNECT_MAX_PAUSE,

@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 
 from django_txqueue import Queue, Status
+from django_txqueue.consumer.rotation import Rotation
+from django_txqueue.consumer.worker import Worker
 from django_txqueue.outbox import QUEUE as OUTBOX
-from django_txqueue.rotation import Rotation
-from django_txqueue.worker import Worker
 from tests.helpers import running, wait_for
 
 
@@ -72,7 +72,7 @@ def test_producers_wake_it_for_its_queues_but_not_for_on_commit_calls():
 
 
 def test_new_queues_are_found_when_a_look_is_due(db, monkeypatch):
-    monkeypatch.setattr("django_txqueue.rotation.DISCOVERY_INTERVAL", 60)
+    monkeypatch.setattr("django_txqueue.consumer.rotation.DISCOVERY_INTERVAL", 60)
     Queue("known").enqueue({})
     Queue("found").enqueue({})
     Queue("not-ours").enqueue({})

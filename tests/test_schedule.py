@@ -20,10 +20,10 @@ from django.test.utils import override_settings
 from django.urls import reverse
 
 from django_txqueue import Queue, Status, store
-from django_txqueue.backends import TASKS_FRAMEWORK
 from django_txqueue.checks import check_settings
 from django_txqueue.models import ScheduleTick
 from django_txqueue.schedule import KEEP_TICKS, Entry, Scheduler, overview
+from django_txqueue.tasks.backend import TASKS_FRAMEWORK
 
 from .helpers import FAST, ROOT, child_env, kill_tree, running, wait_for, worker_for
 
@@ -284,7 +284,7 @@ def test_a_consumer_enqueues_the_ticks_from_its_liveness_thread(fast_consumers, 
 @pytest.mark.skipif(TASKS_FRAMEWORK is None, reason="no Django Tasks framework")
 @pytest.mark.django_db(transaction=True)
 def test_a_task_entry_enqueues_the_task_and_it_runs(run_consumer):
-    from django_txqueue.backends import TxQueueBackend
+    from django_txqueue.tasks.backend import TxQueueBackend
 
     with schedule(
         adding={"TASK": "tests.testapp.tasks.add", "ARGS": [2], "KWARGS": {"b": 3}, "EVERY": 3600}

@@ -1,4 +1,4 @@
-"""django_txqueue.settle: what handlers came to, written by the consumer's main thread.
+"""django_txqueue.consumer.settle: what handlers came to, written by the consumer's main thread.
 
 One fenced acknowledgement per claim for the successes, a retry or a failure for each
 error, then the counters and signals; an outcome leaves ``unsettled`` only once the
@@ -14,9 +14,9 @@ from django.db import DatabaseError, Error, connection
 from django.test.utils import CaptureQueriesContext
 
 from django_txqueue import Status, signals, store
-from django_txqueue.execution import Outcome, drop_connection
+from django_txqueue.consumer.execution import Outcome, drop_connection
+from django_txqueue.consumer.settle import Settler
 from django_txqueue.models import QueueItem
-from django_txqueue.settle import Settler
 from tests.helpers import expire, lose_connection
 
 
@@ -100,7 +100,7 @@ class TestSuccesses:
         [again] = queue.claim(1, pid="second")
         settler = Settler("default")
         settler.put([Outcome(kept), Outcome(lost)])
-        with caplog.at_level(logging.WARNING, logger="django_txqueue.settle"):
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.settle"):
             assert len(settler.settle()) == 2
         assert "1 of 2 acknowledgements refused: their claims were taken over" in caplog.text
         assert settler.unsettled == []
@@ -294,7 +294,7 @@ class TestDatabasesFailure:
         outcome.lost = True
         settler = Settler("default")
         settler.put([outcome])
-        with caplog.at_level(logging.WARNING, logger="django_txqueue.settle"):
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.settle"):
             assert settler.settle() == [outcome]
         row = stored(item)
         assert (row.status, row.attempts, row.last_error) == (Status.READY, 0, "")
@@ -311,7 +311,7 @@ class TestDatabasesFailure:
         outcome.lost = True
         settler = Settler("default")
         settler.put([outcome])
-        with caplog.at_level(logging.WARNING, logger="django_txqueue.settle"):
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.settle"):
             settler.settle()
         row = stored(item)
         assert (row.status, row.attempts, row.result) == (Status.DONE, 1, "kept")

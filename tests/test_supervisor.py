@@ -1,5 +1,5 @@
-"""django_txqueue.supervisor: ``run_queue_consumer --processes N``'s supervisor, with plain
-Python children that record the signals they get (e2e/test_consumer_processes.py runs
+"""django_txqueue.consumer.supervisor: ``run_queue_consumer --processes N``'s supervisor,
+with plain Python children that record the signals they get (e2e/test_consumer_processes.py runs
 it with real consumers).
 
 Children are started again when they die, after a pause that grows while they keep dying
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from django_txqueue import supervisor
-from django_txqueue.supervisor import MAX_RESTART_PAUSE, Supervisor, child_argv
+from django_txqueue.consumer import supervisor
+from django_txqueue.consumer.supervisor import MAX_RESTART_PAUSE, Supervisor, child_argv
 from tests.helpers import ROOT, child_pids, kill_tree, wait_for
 
 # A child: writes a file named by its pid when up, and one per signal it gets,
@@ -47,7 +47,7 @@ SUPERVISOR = r"""
 import signal, sys
 if sys.argv[1] == "nohup":
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-from django_txqueue.supervisor import Supervisor
+from django_txqueue.consumer.supervisor import Supervisor
 child = [sys.executable, "-c", sys.argv[2], sys.argv[3], sys.argv[4]]
 sys.exit(Supervisor(child, int(sys.argv[5])).run())
 """

@@ -13,10 +13,11 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from django_txqueue import Queue, Status, on_commit, tracing
-from django_txqueue.backends import TASKS_FRAMEWORK, run_task
+from django_txqueue import Queue, Status, on_commit
+from django_txqueue.consumer.worker import Worker
 from django_txqueue.models import QueueItem
-from django_txqueue.worker import Worker
+from django_txqueue.observe import tracing
+from django_txqueue.tasks.backend import TASKS_FRAMEWORK, run_task
 from tests.helpers import running, wait_for
 
 otel_trace = pytest.importorskip("opentelemetry.trace")

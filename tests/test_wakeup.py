@@ -1,4 +1,4 @@
-"""django_txqueue.wakeup: the Waiter an idle consumer blocks in, and producers' wake-ups.
+"""django_txqueue.consumer.wakeup: the Waiter an idle consumer blocks in, and producers' wake-ups.
 
 PostgreSQL wakes consumers with LISTEN/NOTIFY; MySQL, MariaDB and SQLite with a datagram
 on the loopback. Waiters are made inside a database test, so that the PostgreSQL
@@ -14,9 +14,10 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_txqueue import Queue, Status, wakeup
+from django_txqueue import Queue, Status
+from django_txqueue.consumer import wakeup
+from django_txqueue.consumer.wakeup import Waiter, wake_local_consumers
 from django_txqueue.models import Consumer
-from django_txqueue.wakeup import Waiter, wake_local_consumers
 from tests.helpers import running, wait_for, worker_for
 
 # Consumers of a database without LISTEN/NOTIFY are woken by datagrams on the loopback.
@@ -468,7 +469,7 @@ class TestProbe:
         monkeypatch.setattr("django_txqueue.db.postgresql.PROBE_TIMEOUT", 0.3)
         waiter = make_waiter()
         waiter.listen_via["default"] = elsewhere
-        with caplog.at_level("DEBUG", logger="django_txqueue.wakeup"):
+        with caplog.at_level("DEBUG", logger="django_txqueue.consumer.wakeup"):
             assert waiter.wait(0) is False
             assert waiter.listener is None and "default" in waiter.deaf_until
             [warned] = [r for r in caplog.records if r.levelname == "WARNING"]

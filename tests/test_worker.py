@@ -8,8 +8,8 @@ from django.db import connections
 from django.db.backends.signals import connection_created
 
 from django_txqueue import Queue, Status, signals
+from django_txqueue.consumer.wakeup import ADDRESS_CACHE_SECONDS
 from django_txqueue.models import Consumer, QueueItem
-from django_txqueue.wakeup import ADDRESS_CACHE_SECONDS
 from tests.helpers import running, runs_per_item, wait_for, worker_for
 from tests.testapp.models import Run
 
@@ -203,7 +203,7 @@ class TestLostConnection:
         Queue("echo").enqueue_many([{}] * 3)
         with connections["default"].cursor() as cursor:  # the consumer's loop's connection
             cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
-        with caplog.at_level(logging.WARNING, logger="django_txqueue.worker"):
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.worker"):
             assert worker_for("echo", burst=True).run() == 0
         assert "database error, retrying in 0.5 s" in caplog.text
         assert "read-only transaction" in caplog.text
@@ -217,7 +217,7 @@ class TestWakeup:
     @pytest.fixture(autouse=True)
     def long_polls(self, settings, monkeypatch):
         settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": 30}
-        monkeypatch.setattr("django_txqueue.worker.FIRST_IDLE_WAIT", 30)
+        monkeypatch.setattr("django_txqueue.consumer.worker.FIRST_IDLE_WAIT", 30)
 
     def wakes_for_new_work(self, done=1):
         # Producers look consumers' addresses up at most once a second: a consumer

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from django_txqueue import Queue
-from django_txqueue import wakeup as local_wakeup
+from django_txqueue.consumer import wakeup as local_wakeup
 from django_txqueue.contrib.bench import drain as bench_drain
 from django_txqueue.contrib.bench import wakeup as bench_wakeup
 from django_txqueue.contrib.progress import Progress

@@ -8,7 +8,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from django_txqueue import Queue, Status, registry
+from django_txqueue import Queue, Status
+from django_txqueue.consumer import registry
 from django_txqueue.contrib.bench import drain
 from django_txqueue.contrib.bench.report import drain_table
 from django_txqueue.contrib.target import Target

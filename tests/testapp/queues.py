@@ -3,7 +3,7 @@
 import time
 
 from django_txqueue import once
-from django_txqueue.registry import handler
+from django_txqueue.consumer.registry import handler
 
 from . import gateway
 from .models import Run

@@ -4,8 +4,8 @@ from typing import Any
 
 from django.core.management import call_command
 
-from django_txqueue.backends import TxQueueBackend
 from django_txqueue.models import QueueItem
+from django_txqueue.tasks.backend import TxQueueBackend
 
 
 class QueuedBackend(TxQueueBackend):

@@ -82,7 +82,7 @@ def verify_exactly_once(
 
 
 def consume_with_worker(target: Target, batch: int, strategy: str, gate: Gate) -> tuple[int, str]:
-    from django_txqueue.worker import Worker
+    from django_txqueue.consumer.worker import Worker
 
     worker = Worker(
         # ``handle`` looked up at each call: a test may replace it before the fork.

@@ -80,6 +80,27 @@ def drain_table(entries: list[dict[str, Any]]) -> list[str]:
     return [caption, *columns(rows)]
 
 
+def spread_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The many-queues part's table: each shape's rate beside one queue's."""
+    header = ["one consumer, queues served", "batch", "txqueue", "% of 1 queue", "claims/item"]
+    table = [[*header, "exactly once"]]
+    for row in rows:
+        table.append(
+            [
+                row["shape"],
+                str(row["batch"]),
+                rate(row["rate"]),
+                pct(row["percent"]),
+                f"{row['claims_per_item']:.2f}",
+                "yes" if row["verified"] else "NO",
+            ]
+        )
+    return [
+        f"{rows[0]['items']:,} items per drain, median of {rows[0]['rounds']}",
+        *columns(table),
+    ]
+
+
 def table(result: dict[str, Any]) -> str:
     database = result["database"]
     out = [
@@ -137,9 +158,7 @@ def table(result: dict[str, Any]) -> str:
             )
         out += ["", *columns(rows)]
     if "spread" in result:
-        from .spread import lines  # spread imports drain, which imports this module
-
-        out += ["", *lines(result["spread"])]
+        out += ["", *spread_table(result["spread"])]
     if "fair" in result:
         rows = [["claim rate (batch 10)", "claimed", "txqueue", "% of plain", "% of 10k"]]
         for entry in result["fair"]["claims"]:

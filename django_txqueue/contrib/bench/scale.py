@@ -53,7 +53,7 @@ def clear(target: Target, progress: Progress) -> None:
 
 def claim_rate(target: Target, claims: int) -> tuple[float, int]:
     """Items per second one consumer claims and settles until it has done ``claims``."""
-    from django_txqueue.worker import Worker
+    from django_txqueue.consumer.worker import Worker
 
     counter = itertools.count(1)
 

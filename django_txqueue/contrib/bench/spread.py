@@ -65,7 +65,7 @@ def consume(target: Target, served: int, batch: int) -> tuple[int, str, int]:
     """In the child: drain with one ``Worker`` serving ``served`` queues; returns what
     it processed, its identity and the claim statements it ran."""
     from django_txqueue import store as store_module
-    from django_txqueue.worker import Worker
+    from django_txqueue.consumer.worker import Worker
 
     claims = 0
     build = store_module.claim_values
@@ -157,6 +157,7 @@ def run(
                     "queues": served,
                     "hot": hot,
                     "items": items,
+                    "rounds": ROUNDS,
                     "rate": rate,
                     "rates": [r["rate"] for r in runs[label]],
                     "percent": 100.0 * rate / one if one else None,
@@ -174,23 +175,3 @@ def run(
     finally:
         clear(target)
     return rows
-
-
-def lines(rows: list[dict[str, Any]]) -> list[str]:
-    """The part's table, for ``report.table``."""
-    from .report import columns, pct, rate
-
-    header = ["one consumer, queues served", "batch", "txqueue", "% of 1 queue", "claims/item"]
-    table = [[*header, "exactly once"]]
-    for row in rows:
-        table.append(
-            [
-                row["shape"],
-                str(row["batch"]),
-                rate(row["rate"]),
-                pct(row["percent"]),
-                f"{row['claims_per_item']:.2f}",
-                "yes" if row["verified"] else "NO",
-            ]
-        )
-    return [f"{rows[0]['items']:,} items per drain, median of {ROUNDS}", *columns(table)]

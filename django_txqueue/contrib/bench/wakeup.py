@@ -19,7 +19,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from django_txqueue import Consumer, Queue, QueueItem, Status
-from django_txqueue import wakeup as local_wakeup
+from django_txqueue.consumer import wakeup as local_wakeup
 
 from ..progress import Progress
 from ..target import Target
@@ -42,7 +42,7 @@ def started_at(item: QueueItem) -> float:
 
 def consume(target: Target) -> None:
     """The forked consumer: runs until SIGTERM."""
-    from django_txqueue.worker import Worker
+    from django_txqueue.consumer.worker import Worker
 
     worker = Worker(handlers={target.queue: started_at}, using=target.alias)
     signal.signal(signal.SIGTERM, lambda signum, frame: worker.stop())

@@ -15,10 +15,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ... import conf, metrics, registry
-from ...readiness import missing_tables, wait_for_database
-from ...supervisor import Supervisor, child_argv
-from ...worker import Progress, Worker
+from ... import conf
+from ...consumer import registry
+from ...consumer.readiness import missing_tables, wait_for_database
+from ...consumer.supervisor import Supervisor, child_argv
+from ...consumer.worker import Progress, Worker
+from ...observe import metrics
 from .. import default_alias, queue_home
 
 
@@ -180,11 +182,11 @@ class Command(BaseCommand):
     def start_metrics(self, options: dict[str, Any]) -> None:
         """``--metrics-port`` (or, in a child of ``--processes``, ``--metrics-child``)."""
         if options["metrics_child"]:
-            from ...exposition import record_as_child
+            from ...observe.exposition import record_as_child
 
             record_as_child()
         elif options["metrics_port"] is not None:
-            from ...exposition import serve_this_process
+            from ...observe.exposition import serve_this_process
 
             try:
                 serve_this_process(options["metrics_port"], options["metrics_address"])
@@ -195,7 +197,7 @@ class Command(BaseCommand):
         """``--processes N``: the supervisor, serving its children's metrics if asked."""
         if options["metrics_port"] is None:
             return Supervisor(child_argv(), options["processes"]).run()
-        from ...exposition import Multiprocess
+        from ...observe.exposition import Multiprocess
 
         served = Multiprocess()
         try:

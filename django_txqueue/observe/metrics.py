@@ -22,11 +22,11 @@ from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .status import Status
+from ..status import Status
 
 if TYPE_CHECKING:
-    from .execution import Outcome
-    from .models import QueueItem
+    from ..consumer.execution import Outcome
+    from ..models import QueueItem
 
 EXTRA_HINT = "pip install 'django-txqueue[prometheus]'"
 

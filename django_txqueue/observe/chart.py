@@ -9,7 +9,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 if TYPE_CHECKING:
-    from .monitoring import Minute
+    from .reads import Minute
 
 WIDTH, HEIGHT, BAR = 600, 120, 10  # viewBox units: 60 bars 10 wide, 8 drawn
 DONE_COLOUR, FAILED_COLOUR = "#16a34a", "#dc2626"

@@ -18,11 +18,12 @@ import logging
 import queue
 from typing import Any
 
-from . import metrics, signals, store
+from .. import signals, store
+from ..models import QueueItem
+from ..observe import metrics
+from ..observe.logs import about
+from ..status import Status
 from .execution import Outcome
-from .logs import about
-from .models import QueueItem
-from .status import Status
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from . import conf
+from .. import conf
 from .metrics import EXTRA_HINT, MetricsUnavailable, prometheus
 
 VIEW_PERMISSION = "django_txqueue.view_queueitem"

@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import Exists
 
-from . import fairness, store
-from .db import dialect_for
-from .db.compiler import ClaimStatement
-from .models import QueuePause
+from .. import store
+from ..db import dialect_for
+from ..db.compiler import ClaimStatement
+from ..models import QueuePause
+from ..store import fairness
 
 if TYPE_CHECKING:
-    from .models import QueueItem, QueueItemQuerySet
+    from ..models import QueueItem, QueueItemQuerySet
 
 FULL_CLAIM_EVERY = 1.0  # seconds
 # When full claims are slow (an old snapshot holds many dead entries), at most this share

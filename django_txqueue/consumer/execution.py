@@ -19,12 +19,14 @@ from typing import Any
 
 from django.db import DatabaseError, Error, connections, transaction
 
-from . import registry, store, tracing
-from .db import dialect_for
-from .exceptions import NotJSONSerializable
-from .logs import about
-from .models import QueueItem
-from .validation import check_json
+from .. import store
+from ..db import dialect_for
+from ..exceptions import NotJSONSerializable
+from ..models import QueueItem
+from ..observe import tracing
+from ..observe.logs import about
+from ..validation import check_json
+from . import registry
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 from django.conf import settings
 from django.utils.module_loading import autodiscover_modules, import_string
 
-from .validation import validate_queue_name
+from ..validation import validate_queue_name
 
 Handler = Callable[[Any], Any]
 H = TypeVar("H", bound=Handler)

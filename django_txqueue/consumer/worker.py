@@ -5,7 +5,7 @@ of the batch's successes, which rides with the next claim where that saves a rou
 trip or a commit (PostgreSQL: one statement; MySQL and MariaDB: one transaction).
 Handlers run on ``concurrency`` threads, so the main thread stays free to enforce the
 shutdown timeout; with more than one, the next batch is claimed while one runs. The
-``Liveness`` thread keeps the Consumer row, the leases and rescues; ``Settler``
+``Housekeeping`` thread keeps the Consumer row, the leases and rescues; ``Settler``
 writes outcomes. No SQL here, no argument parsing, no printing: the command does
 those and hears about progress through a callback and logging.
 """
@@ -26,21 +26,17 @@ from functools import partial
 from django.db import Error as DatabaseError
 from django.db import InterfaceError, OperationalError, connections
 
-from . import conf, metrics, registry, signals, store
-from .api import Queue
+from .. import conf, signals, store
+from ..api import Queue
+from ..db import dialect_for
+from ..models import Consumer, QueueItem
+from ..observe import metrics
+from ..observe.logs import forget_queries, one_line
+from ..store.backoff import RECONNECT_MAX_PAUSE, jittered, next_pause
+from . import registry
 from .claims import Resume
-from .db import dialect_for
-from .execution import (
-    Outcome,
-    close_broken_connections,
-    close_if_broken,
-    drop_connection,
-    runner,
-)
-from .liveness import Liveness
-from .logs import forget_queries, one_line
-from .models import Consumer, QueueItem
-from .retry import RECONNECT_MAX_PAUSE, jittered, next_pause
+from .execution import Outcome, close_broken_connections, close_if_broken, drop_connection, runner
+from .housekeeping import Housekeeping
 from .rotation import Rotation
 from .settle import Settler
 from .wakeup import Waiter
@@ -62,14 +58,14 @@ class Progress:
 @dataclass
 class Station:
     """One database a consumer serves: its queues in turn (``Rotation``), where their
-    claims resume, its settler, and (made by ``Worker.run()``) its liveness thread."""
+    claims resume, its settler, and (made by ``Worker.run()``) its housekeeping thread."""
 
     alias: str
     rotation: Rotation
     settler: Settler
     acks_while_claiming: bool
     resumes: dict[str, Resume] = field(default_factory=dict)
-    liveness: Liveness | None = None
+    housekeeping: Housekeeping | None = None
     # After its database failed: the pause before the next try, and when that is due
     # (monotonic); the other stations go on meanwhile.
     backoff: float = 0.0
@@ -172,7 +168,7 @@ class Worker:
         if self.stopping.is_set():  # stopped before it had a waiter to interrupt
             self.waiter.interrupt()
         for station in self.stations.values():
-            station.liveness = self._liveness(station, self.waiter.address)
+            station.housekeeping = self._housekeeping(station, self.waiter.address)
         self.threads = HandlerThreads(self.concurrency, self._run_handlers)
         logger.info(
             "consumer %s started: queues %s, batch %d",
@@ -208,7 +204,7 @@ class Worker:
             for name in station.rotation.queues
         ]
 
-    def _liveness(self, station: Station, wakeup_address: str) -> Liveness:
+    def _housekeeping(self, station: Station, wakeup_address: str) -> Housekeeping:
         """The Consumer row on ``station``'s database, and the thread that keeps it, the
         leases of the items claimed there, and its rescues and purges."""
         consumer = Consumer(
@@ -219,7 +215,7 @@ class Worker:
             wakeup_address=wakeup_address,
         )
         settler, alias = station.settler, station.alias
-        return Liveness(
+        return Housekeeping(
             consumer,
             alias,
             queues=lambda: list(station.rotation.queues.values()),
@@ -293,11 +289,11 @@ class Worker:
         return done
 
     def _settle(self, station: Station) -> None:
-        """Start ``station``'s liveness (once), look for new queues there, and write what
+        """Start ``station``'s housekeeping (once), look for new queues there, and write what
         its handlers came to; where it saves a round trip or a commit, the successes'
         acknowledgement is held to ride with the next claim."""
-        assert station.liveness is not None  # noqa: S101 - made by run()
-        station.liveness.start()
+        assert station.housekeeping is not None  # noqa: S101 - made by run()
+        station.housekeeping.start()
         for name in station.rotation.discover_new():
             self.waiter.queues.add(name)
         self._settled(station, station.settler.settle(hold=station.acks_while_claiming))
@@ -442,8 +438,8 @@ class Worker:
                     "shutdown timeout: %d items left IN_PROGRESS for rescue", len(self.in_flight)
                 )
             for station in self.stations.values():
-                if station.liveness is not None:
-                    station.liveness.stop()
+                if station.housekeeping is not None:
+                    station.housekeeping.stop()
         except DatabaseError as exc:
             logger.warning("could not finish the shutdown cleanly: %s", exc)
         finally:
@@ -453,7 +449,7 @@ class Worker:
 
 
 class InFlight:
-    """Items claimed and not yet settled, shared by the loop, handler threads and liveness."""
+    """Items claimed and not yet settled, shared by the loop, handler threads and housekeeping."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

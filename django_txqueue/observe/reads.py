@@ -19,9 +19,10 @@ from django.db.models import Count, DurationField, ExpressionWrapper, Min, Query
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
-from . import conf, fairness, registry
-from .db import dialect_for
-from .models import (
+from .. import conf
+from ..consumer import registry
+from ..db import dialect_for
+from ..models import (
     Consumer,
     ConsumerQuerySet,
     QueueItem,
@@ -29,7 +30,8 @@ from .models import (
     QueuePause,
     any_status,
 )
-from .status import FINISHED, Status
+from ..status import FINISHED, Status
+from ..store import fairness
 
 MINUTES = 60  # the span of the throughput chart
 # Queue.stats() counts DONE items up to this many; past that, the planner's estimate

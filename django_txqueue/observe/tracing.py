@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .models import QueueItem
+    from ..models import QueueItem
 
 # messaging.system: no registered value fits a queue kept in the project's own SQL
 # database; the conventions allow a system's own name.

@@ -1,6 +1,7 @@
-"""django_txqueue.liveness: a consumer's liveness thread. Its Consumer row and heartbeat,
-the renewal of its items' leases, the rescue of dead consumers' items and of its own lost
-claims, and the purge of finished items; then the thread under a running Worker.
+"""django_txqueue.consumer.housekeeping and its jobs (heartbeat, rescue, purge): the Consumer
+row and heartbeat, the renewal of its items' leases, the rescue of dead consumers' items and
+of its own lost claims, and the purge of finished items; then the thread under a running
+Worker.
 
 Real consumer processes rescuing and purging are in tests/e2e/test_consumer_processes.py.
 """
@@ -17,7 +18,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_txqueue import Queue, Status, store
-from django_txqueue.liveness import LOST_CLAIM_AGE, Liveness
+from django_txqueue.consumer.housekeeping import Housekeeping
+from django_txqueue.consumer.rescue import LOST_CLAIM_AGE
 from django_txqueue.models import Consumer, Effect, QueueItem
 from tests.helpers import finished_items, in_other_thread, running, wait_for, worker_for
 from tests.testapp.models import Run
@@ -30,7 +32,7 @@ def liveness(
 ):
     """The liveness thread of a consumer of ``queues`` (not started), holding ``held()``
     ((item, monotonic time its handler started or None) pairs)."""
-    return Liveness(
+    return Housekeeping(
         Consumer(identity=store.new_identity(), host="test", os_pid=os.getpid(), queues=[*queues]),
         "default",
         queues=lambda: [Queue(name) for name in queues],
@@ -75,7 +77,7 @@ class TestConsumerRow:
     def test_each_heartbeat_writes_the_counts_and_the_queues_served_now(self, settings):
         settings.TXQUEUE = {**settings.TXQUEUE, "HEARTBEAT_INTERVAL": 0.05}
         counts, names = [0, 0], ["a"]
-        thread = Liveness(
+        thread = Housekeeping(
             Consumer(identity=store.new_identity(), host="test", os_pid=os.getpid()),
             "default",
             queues=lambda: [Queue(name) for name in names],
@@ -123,7 +125,7 @@ class TestConsumerRow:
         monkeypatch.setattr(store, "beat", flaky_beat)
         errors = []
         thread = liveness("a", counters=lambda: (5, 0), on_database_error=lambda: errors.append(1))
-        with caplog.at_level(logging.WARNING, logger="django_txqueue.liveness"):
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.housekeeping"):
             thread.start()
             try:
                 assert wait_for(lambda: row(thread).processed == 5, timeout=5)
@@ -195,7 +197,7 @@ class TestRescue:
         Queue("other").enqueue({})
         Queue("a").claim(2, pid="gone", lease=600)
         [not_ours] = Queue("other").claim(pid="gone", lease=600)
-        with caplog.at_level(logging.WARNING, logger="django_txqueue.liveness"):
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.housekeeping"):
             liveness("a")._rescue()
         assert "rescued 2 stuck items" in caplog.text
         assert Queue("a").count(status=Status.READY) == 2
@@ -228,7 +230,7 @@ class TestRescue:
         QueueItem.objects.filter(pk__in=[lost.pk, held.pk]).update(
             claimed_at=timezone.now() - LOST_CLAIM_AGE - dt.timedelta(seconds=5)
         )
-        with caplog.at_level(logging.WARNING, logger="django_txqueue.liveness"):
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.housekeeping"):
             thread._rescue()
         assert "released 1 items claimed by a claim whose answer was lost" in caplog.text
         statuses = dict(QueueItem.objects.values_list("pk", "status"))
@@ -282,7 +284,7 @@ class TestPurge:
         assert not short_old & remaining()
 
     def test_in_batches(self, items, monkeypatch):
-        monkeypatch.setattr(store, "PURGE_BATCH", 2)
+        monkeypatch.setattr(store.upkeep, "PURGE_BATCH", 2)
         liveness("a", "b", "keep")._purge(until=time.monotonic() + 60)
         assert remaining() == items["kept"]
 
@@ -325,7 +327,7 @@ class TestPurge:
         assert remaining() == items["kept"]
 
     def test_cut_short_at_the_deadline_after_one_batch(self, items, monkeypatch):
-        monkeypatch.setattr(store, "PURGE_BATCH", 1)
+        monkeypatch.setattr(store.upkeep, "PURGE_BATCH", 1)
         assert liveness("a", "b")._purge(until=time.monotonic() - 1) is False
         left = remaining() - items["kept"]
         assert left < items["old"] and len(left) == len(items["old"]) - 1
@@ -356,8 +358,8 @@ def test_a_purge_cut_short_goes_on_after_the_next_heartbeat(settings, monkeypatc
     """One batch of one item per run (PURGE_RUN 0): the whole backlog goes, one run per
     heartbeat, long before the next PURGE_INTERVAL."""
     settings.TXQUEUE = {"HEARTBEAT_INTERVAL": 0.05, "PURGE_INTERVAL": 3600, "RETENTION": 60}
-    monkeypatch.setattr(store, "PURGE_BATCH", 1)
-    monkeypatch.setattr("django_txqueue.liveness.PURGE_RUN", 0)
+    monkeypatch.setattr(store.upkeep, "PURGE_BATCH", 1)
+    monkeypatch.setattr("django_txqueue.consumer.housekeeping.PURGE_RUN", 0)
     old = finished("a", n=5)
     kept = finished("a", ago=dt.timedelta(0))
     thread = liveness("a")

@@ -27,9 +27,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from . import conf, outbox, registry
-from .api import Queue
-from .models import QueueItem
+from .. import conf, outbox
+from ..api import Queue
+from ..models import QueueItem
+from . import registry
 
 logger = logging.getLogger(__name__)
 

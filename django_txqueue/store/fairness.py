@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import Count, Exists, OuterRef, Q
 
-from . import conf
-from .db.rounds import read_rounds
-from .status import Status
+from .. import conf
+from ..db.rounds import read_rounds
+from ..status import Status
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
-    from .models import QueueItem
+    from ..models import QueueItem
 
 # Queue.stats() names this many of the keys with the most waiting items.
 TOP_KEYS = 10

@@ -16,8 +16,8 @@ import threading
 
 from django.db import InterfaceError, OperationalError, connections
 
-from .logs import one_line
-from .retry import jittered, next_pause
+from ..observe.logs import one_line
+from ..store.backoff import jittered, next_pause
 
 logger = logging.getLogger(__name__)
 

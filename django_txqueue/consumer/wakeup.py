@@ -36,10 +36,10 @@ from typing import Any
 
 from django.db import transaction
 
-from . import conf
-from .db import Listener, NotificationsLost, dialect_for
-from .logs import one_line
-from .models import Consumer
+from .. import conf
+from ..db import Listener, NotificationsLost, dialect_for
+from ..models import Consumer
+from ..observe.logs import one_line
 
 logger = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from .api import queue_databases
+from ..api import queue_databases
+from ..models import Consumer, QueueItem
 from .metrics import prometheus
-from .models import Consumer, QueueItem
-from .monitoring import QueueRow, gauges, known_queue_names
+from .reads import QueueRow, gauges, known_queue_names
 
 logger = logging.getLogger(__name__)
 

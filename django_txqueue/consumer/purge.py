@@ -1,0 +1,52 @@
+"""The purge job: the DONE, FAILED and CANCELLED items of a consumer's queues finished
+over their ``RETENTION`` ago, and the ``once()`` records older than the longest retention,
+deleted in batches.
+
+One consumer of a database purges at a time (a lock it only tries, so the others skip), for
+at most a given time; what is left waits for the next run. On PostgreSQL the lock is its
+transaction's, and the run is that one transaction, so that a transaction pool (PgBouncer)
+cannot separate the lock from its release. ``Queue.purge()`` and ``txqueue_purge`` purge
+on demand.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from datetime import timedelta
+
+from .. import conf, store
+from ..api import Queue
+from ..models import Effect, QueueItem
+
+logger = logging.getLogger(__name__)
+
+
+def purge_finished(alias: str, queues: Iterable[Queue], until: float) -> bool:
+    """Purge on ``alias`` until the monotonic instant ``until``, if no other consumer of the
+    database is purging; False if cut short there. With nothing kept for a limited time,
+    no lock is taken either."""
+    # The queues kept alike are purged together: one statement per batch for them all,
+    # not one per queue (a consumer serving 50 queues ran 50 at start-up).
+    kept_alike: dict[timedelta, list[str]] = {}
+    for queue in queues:
+        if (retention := conf.retention(queue.name)) is not None:
+            kept_alike.setdefault(retention, []).append(queue.name)
+    kept_for = conf.effect_retention()
+    if not kept_alike and kept_for is None:
+        return True
+    with store.try_lock(alias, store.PURGE_LOCK) as mine:
+        if not mine:
+            return True
+        items = effects = 0
+        for retention, names in kept_alike.items():
+            finished = QueueItem.objects.using(alias).filter(queue__in=names)
+            items += store.purge(finished, retention, until=until)
+            if time.monotonic() >= until:
+                break  # the others next time (each purge does a batch at least)
+        if kept_for is not None and time.monotonic() < until:
+            effects = store.purge_effects(Effect.objects.using(alias), kept_for, until=until)
+    if items or effects:
+        logger.info("purged %d finished items and %d once() records", items, effects)
+    return time.monotonic() < until

@@ -1,0 +1,131 @@
+"""Every change of queue rows, one function per intent, by the rows it changes.
+
+Nothing else in the package writes queue rows (``tests/test_architecture.py`` checks it).
+Each change after a claim is fenced: it names the claim token it expects and only touches a
+row still IN_PROGRESS under it, so a consumer whose claim was taken over changes nothing and
+learns so from the return value. Functions take the items, querysets or models to act on,
+so the store works for any ``QueueModel`` and imports no models itself.
+
+- ``items``: new items (enqueue, dedup, bounds), ``once()`` records, the schedule's ticks;
+- ``claims``: claims, and the claim that carries the last batch's acknowledgement;
+- ``acks``: settling a claim: acknowledge, retry, fail, release;
+- ``upkeep``: leases, rescues, requeues, purges;
+- ``control``: cancelling items, pausing and resuming queues;
+- ``consumers``: the consumers' identities and their ``Consumer`` rows;
+- ``conflicts``: a transaction refused by a conflict, run again;
+- ``backoff`` and ``fairness``: retry delays, and fair and ordered queues' rounds and filters.
+
+Callers use the names re-exported here (``store.ack``, ``store.claim``...).
+"""
+
+from .acks import (
+    ack,
+    ack_many,
+    ack_statement,
+    defer_computed,
+    fail,
+    mark_done,
+    now_plus,
+    release,
+    retry,
+    unless_cancelled,
+)
+from .claims import ack_and_claim, claim, claim_values, lease_of, queues_with_due_items
+from .conflicts import TRANSIENT_RETRIES, delete_retrying, retrying_conflicts, update_retrying
+from .consumers import (
+    ConsumerIdentity,
+    beat,
+    consumer_identity,
+    delete_consumers,
+    new_identity,
+    register,
+    stop,
+)
+from .control import cancel, cancel_item, pause, resume
+from .items import (
+    DEDUP_INSERT_ATTEMPTS,
+    enqueue,
+    enqueue_tick,
+    insert,
+    insert_many,
+    insert_new,
+    insert_unique,
+    lock_and_count,
+    lock_bound,
+    record_effect,
+    trim_ticks,
+    unfinished_twin,
+)
+from .upkeep import (
+    PURGE_BATCH,
+    PURGE_LOCK,
+    delete_all,
+    delete_finished,
+    delete_in_batches,
+    fail_many,
+    purge,
+    purge_effects,
+    release_lost,
+    renew_leases,
+    requeue,
+    rescue,
+    try_lock,
+)
+
+__all__ = [
+    "TRANSIENT_RETRIES",
+    "retrying_conflicts",
+    "update_retrying",
+    "delete_retrying",
+    "new_identity",
+    "ConsumerIdentity",
+    "consumer_identity",
+    "register",
+    "beat",
+    "stop",
+    "delete_consumers",
+    "DEDUP_INSERT_ATTEMPTS",
+    "enqueue",
+    "unfinished_twin",
+    "lock_and_count",
+    "lock_bound",
+    "insert_new",
+    "insert",
+    "insert_many",
+    "insert_unique",
+    "record_effect",
+    "enqueue_tick",
+    "trim_ticks",
+    "claim",
+    "claim_values",
+    "lease_of",
+    "ack_and_claim",
+    "queues_with_due_items",
+    "ack",
+    "mark_done",
+    "ack_many",
+    "ack_statement",
+    "retry",
+    "fail",
+    "release",
+    "unless_cancelled",
+    "now_plus",
+    "defer_computed",
+    "PURGE_BATCH",
+    "PURGE_LOCK",
+    "renew_leases",
+    "rescue",
+    "requeue",
+    "fail_many",
+    "delete_finished",
+    "delete_all",
+    "release_lost",
+    "purge",
+    "purge_effects",
+    "delete_in_batches",
+    "try_lock",
+    "cancel",
+    "cancel_item",
+    "pause",
+    "resume",
+]

@@ -1,0 +1,228 @@
+"""Settling a claim: acknowledge (one item, or one claim's batch in one fenced UPDATE),
+retry, fail, release. Each changes a row only while it is IN_PROGRESS under the claim's
+token; a row whose cancellation was requested ends CANCELLED instead (``unless_cancelled``,
+decided in the statement itself).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, models
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.functions import Now
+
+from .. import conf
+from ..db import dialect
+from ..db.rows import has_field
+from ..status import Status
+from ..validation import check_json, to_timedelta
+from . import backoff
+from .conflicts import retrying_conflicts, update_retrying
+
+if TYPE_CHECKING:
+    from django.db.models import Model
+
+    from ..models import QueueItem, QueueModel
+
+# Clears a claim, so that its holder's fenced acknowledgements change nothing.
+UNCLAIMED: dict[str, Any] = {"pid": "", "claim_token": None, "lease_expires_at": None}
+
+
+def ack(item: QueueModel, result: Any = None) -> bool:
+    """Mark the item DONE (with ``result`` where the model keeps one), if this claim
+    still holds it."""
+    if has_field(type(item), "result"):
+        check_json(result, "result")
+    # _holds_no_claim(item), written out: so the type checker knows the token is set.
+    if item.claim_token is None or item.status != Status.IN_PROGRESS:
+        return False
+    if not ack_many(type(item), item._state.db or "default", item.claim_token, {item.pk: result}):
+        return False
+    mark_done(item, result)
+    return True
+
+
+def mark_done(item: QueueModel, result: Any = None) -> None:
+    """Bring an acknowledged item's fields in line with its row: DONE, or CANCELLED if
+    this instance knows of a cancellation request (one made after the last lease renewal
+    read them settles the row CANCELLED too, but this instance still says DONE)."""
+    requested = item.__dict__.get("cancel_requested_at") is not None  # no query if deferred
+    item.status = Status.CANCELLED if requested else Status.DONE
+    item.lease_expires_at = None
+    if has_field(type(item), "result"):
+        item.result = result  # type: ignore[attr-defined]
+        item.__dict__.pop("finished_at", None)  # set by the database clock: load on access
+
+
+def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any, Any]) -> int:
+    """Mark DONE, in one fenced UPDATE, items of one claim: ``{pk: result}``; those whose
+    cancellation was requested meanwhile CANCELLED (``Dialect.ack_update``).
+
+    Only rows still IN_PROGRESS under ``claim_token`` change; returns how many did.
+    """
+    if not results:
+        return 0
+    connection = connections[alias]
+    sql, params = ack_statement(model, alias, claim_token, results)
+
+    def run() -> int:
+        with dialect(connection).hot_cursor(connection) as cursor:
+            cursor.execute(sql, params)
+            return int(cursor.rowcount)
+
+    # InnoDB may pick an acknowledgement as a deadlock's victim (against an update_limit
+    # claim, which locks as it reads), Galera refuse it against a claim of another node:
+    # fenced, it is safe to run again.
+    return retrying_conflicts(run, alias)
+
+
+def ack_statement(
+    model: type[Model], alias: str, claim_token: int, results: dict[Any, Any]
+) -> tuple[str, list[Any]]:
+    """``ack_many``'s UPDATE and its parameters."""
+    connection = connections[alias]
+    with_results = any(value is not None for value in results.values())
+    # Plain ints: mysqlclient would quote a Status member as a string.
+    params: list[Any] = [int(Status.DONE)]
+    if with_results:
+        field: Any = model._meta.get_field("result")
+        for pk, value in results.items():
+            params += [pk, field.get_db_prep_save(value, connection)]
+    vendor = dialect(connection)
+    params += [*vendor.pk_params(list(results)), int(Status.IN_PROGRESS), claim_token]
+    return vendor.ack_sql(model, connection, len(results), with_results), params
+
+
+def retry(
+    item: QueueItem,
+    error: str | None = None,
+    delay: float | timedelta | None = None,
+    *,
+    error_class: str = "",
+) -> bool:
+    """Put the item back READY after ``delay`` (default: back-off with jitter), or FAILED
+    once ``max_attempts`` claims have been spent."""
+    if _holds_no_claim(item):
+        # Before reading attempts: a release deferred them, and the row may be gone.
+        return False
+    if item.attempts >= item.max_attempts:
+        return fail(item, error, error_class=error_class)
+    if delay is not None:
+        wait = to_timedelta(delay, "delay")
+    else:
+        wait = backoff.backoff(item.attempts, conf.get("RETRY_DELAY"), conf.get("RETRY_MAX_DELAY"))
+    return _settle_if_held(
+        item,
+        Status.READY,
+        **UNCLAIMED,
+        run_at=now_plus(wait),
+        last_error=error or "",
+        error_class=error_class,
+    )
+
+
+def fail(item: QueueModel, error: str | None = None, *, error_class: str = "") -> bool:
+    """Mark the item FAILED (keeping ``error`` where the model has room for it)."""
+    if not has_field(type(item), "last_error"):
+        return _change_if_held(item, status=Status.FAILED, lease_expires_at=None)
+    return _settle_if_held(
+        item,
+        Status.FAILED,
+        finished_at=Now(),
+        last_error=error or "",
+        error_class=error_class,
+        lease_expires_at=None,
+    )
+
+
+def release(item: QueueModel) -> bool:
+    """Put the item back READY without counting the attempt (CANCELLED instead if its
+    cancellation was requested: it is not to run again)."""
+    return _settle_if_held(item, Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
+
+
+def unless_cancelled(
+    model: type[Model], status: int, *, finished_at: Any = None
+) -> dict[str, Any]:
+    """The changes that settle a held item in ``status`` (``finished_at`` with it, where
+    the model keeps one), or in CANCELLED, finished now, if its cancellation was requested:
+    decided in the UPDATE itself, from the row. A model without ``cancel_requested_at``
+    (a plain QueueModel) just takes ``status``."""
+    if not has_field(model, "cancel_requested_at"):
+        return (
+            {"status": status}
+            if finished_at is None
+            else {"status": status, "finished_at": finished_at}
+        )
+    requested = Q(cancel_requested_at__isnull=False)
+    # finished_at first: MySQL assigns left to right, and neither reads status anyway.
+    return {
+        "finished_at": Case(
+            When(requested, then=Now()),
+            default=finished_at if finished_at is not None else F("finished_at"),
+            output_field=models.DateTimeField(),
+        ),
+        "status": Case(
+            When(requested, then=Value(int(Status.CANCELLED))),
+            default=Value(int(status)),
+            output_field=models.PositiveSmallIntegerField(),
+        ),
+    }
+
+
+def _holds_no_claim(item: QueueModel) -> bool:
+    """Whether the item, as this process holds it, has no claim to settle: never claimed,
+    or settled already through it. No query: the row may be settled (or purged) too."""
+    return item.claim_token is None or item.status != Status.IN_PROGRESS
+
+
+def _settle_if_held(
+    item: QueueModel, status: int, *, finished_at: Any = None, **changes: Any
+) -> bool:
+    """``_change_if_held`` into ``status``, or CANCELLED if the row's cancellation was
+    requested (``unless_cancelled``). The instance then says what it knows: CANCELLED if
+    it knew of the request, else ``status``; the row, which decided, is the truth."""
+    settled = unless_cancelled(type(item), status, finished_at=finished_at)
+    if not _change_if_held(item, **changes, **settled):
+        return False
+    asked = item.__dict__.get("cancel_requested_at") is not None
+    item.status = Status.CANCELLED if asked else status
+    if not asked and finished_at is None and has_field(type(item), "finished_at"):
+        item.finished_at = None  # type: ignore[attr-defined]  # not finished, as it knows
+    return True
+
+
+def _change_if_held(item: QueueModel, **changes: Any) -> bool:
+    """Apply ``changes`` only if the row is still IN_PROGRESS under this item's claim."""
+    if _holds_no_claim(item):
+        return False
+    held = (
+        type(item)
+        ._base_manager.using(item._state.db or "default")
+        .filter(pk=item.pk, status=Status.IN_PROGRESS, claim_token=item.claim_token)
+    )
+    changed = update_retrying(held, **changes)
+    if changed:
+        for name, value in changes.items():
+            setattr(item, name, value)
+        defer_computed(item)
+    return bool(changed)
+
+
+def now_plus(wait: timedelta) -> Any:
+    """The database clock plus ``wait``, as an expression.
+
+    A zero wait is plain ``Now()``: SQLite's arithmetic result has microsecond digits
+    that its millisecond ``Now()`` would compare as later, within the same millisecond.
+    """
+    return Now() + wait if wait else Now()
+
+
+def defer_computed(instance: Model) -> None:
+    """Fields still holding an expression (the database computed their value and did not
+    return it) become deferred: Django loads them on first access."""
+    for field in instance._meta.concrete_fields:
+        if hasattr(instance.__dict__.get(field.attname), "resolve_expression"):
+            del instance.__dict__[field.attname]

@@ -1,0 +1,120 @@
+"""Claims: ready items moved to IN_PROGRESS under a new claim (pid, fencing token, lease),
+and the claim that carries the last batch's acknowledgement with it where the database
+allows.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError
+
+from .. import conf
+from ..db import dialect, dialect_for
+from ..db.compiler import ClaimStatement, ClaimValues, sort_items
+from ..validation import to_timedelta, validate_pid
+from .acks import ack_many, ack_statement
+from .conflicts import retrying_conflicts
+from .consumers import consumer_identity
+
+if TYPE_CHECKING:
+    from django.db.models import Model
+
+
+def claim(
+    statement: ClaimStatement,
+    *,
+    pid: str | None = None,
+    strategy: str = "auto",
+    lease: float | timedelta | None = None,
+    after: tuple[Any, ...] | None = None,
+) -> list[Any]:
+    """Move up to ``statement.limit`` ready items to IN_PROGRESS under a new claim.
+
+    The strategy and the lease are resolved here, once per claim: the strategy from the
+    caller's choice, the setting and the database; ``lease`` None gives each item its
+    queue's ``LEASE``. ``after``: only items that sort after it (``ClaimValues.after``).
+    Outside a caller's transaction a claim that lost a race runs again; one that loses
+    ``TRANSIENT_RETRIES`` races in a row claims nothing.
+    """
+    values = claim_values(statement, pid, lease, after)
+    vendor = dialect(statement.connection)
+    resolved = vendor.resolve_strategy(strategy, statement.connection)
+    # Lost a race (a deadlock, or on Galera another node's claim of the same rows
+    # certified first): nothing was claimed, so claim again.
+    try:
+        items = retrying_conflicts(
+            lambda: vendor.claim(resolved, statement, values), statement.alias
+        )
+    except DatabaseError as exc:
+        if statement.connection.in_atomic_block or not vendor.is_transient(exc):
+            raise
+        return []  # lost every race this turn: the caller claims again
+    return sort_items(items, statement.order)
+
+
+def claim_values(
+    statement: ClaimStatement,
+    pid: str | None,
+    lease: float | timedelta | None,
+    after: tuple[Any, ...] | None = None,
+) -> ClaimValues:
+    """A new claim's pid (the caller's, checked, or this process's), fencing token,
+    lease and where it starts. The lease is the caller's, else the statement's queue's
+    ``LEASE``; a claim across queues gives each row its queue's (``lease_by_queue``)."""
+    validate_pid(pid)
+    by_queue: dict[str, timedelta] = {}
+    if lease is None and statement.queue is None and statement.has_queues:
+        by_queue = conf.lease_overrides()  # each row its queue's: a CASE in the claim
+    duration = lease_of(statement.queue, lease)
+    return ClaimValues(pid or consumer_identity(), secrets.randbits(63), duration, after, by_queue)
+
+
+def lease_of(queue: str | None, given: float | timedelta | None = None) -> timedelta:
+    """How long a claim of ``queue``'s items holds them: ``given`` (seconds or a timedelta,
+    the caller's or ``run_queue_consumer --lease``), else the queue's ``LEASE`` (None: the
+    top-level one). Claims and lease renewals both ask here."""
+    if given is not None:
+        return to_timedelta(given, "lease")
+    return conf.lease(queue)
+
+
+def ack_and_claim(
+    statement: ClaimStatement,
+    claim_token: int,
+    results: dict[Any, Any],
+    *,
+    pid: str | None = None,
+    strategy: str = "auto",
+    lease: float | timedelta | None = None,
+    after: tuple[Any, ...] | None = None,
+) -> tuple[int, list[Any]]:
+    """``ack_many`` of one claim's items, then ``claim``: together where the database
+    can (skip_locked: one statement on PostgreSQL, one transaction on MySQL and
+    MariaDB), else one after the other. Returns the number acknowledged and the
+    claimed items."""
+    vendor = dialect(statement.connection)
+    resolved = vendor.resolve_strategy(strategy, statement.connection)
+    if not (results and resolved == "skip_locked" and vendor.acks_while_claiming):
+        acked = ack_many(statement.model, statement.alias, claim_token, results)
+        return acked, claim(statement, pid=pid, strategy=resolved, lease=lease, after=after)
+    values = claim_values(statement, pid, lease, after)
+    ack = ack_statement(statement.model, statement.alias, claim_token, results)
+    try:
+        acked, items = retrying_conflicts(
+            lambda: vendor.ack_and_claim(statement, values, ack), statement.alias
+        )
+    except DatabaseError as exc:
+        if statement.connection.in_atomic_block or not vendor.is_transient(exc):
+            raise
+        # The claim kept losing races, and took the acknowledgement down with it.
+        return ack_many(statement.model, statement.alias, claim_token, results), []
+    return acked, sort_items(items, statement.order)
+
+
+def queues_with_due_items(model: type[Model], alias: str, names: list[str]) -> set[str]:
+    """Which of the queues ``names`` on ``alias`` have a READY item due now, in one
+    statement: what a consumer looks at before claiming from queues it knows nothing of."""
+    return dialect_for(alias).queues_with_due_items(model, alias, names)

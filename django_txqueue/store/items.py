@@ -1,0 +1,200 @@
+"""New rows: items enqueued in the caller's transaction (bounded queues' count under their
+bound row's lock, a dedup_key's unfinished twin), ``once()`` records, and the schedule's
+tick rows with their items.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from ..db import dialect_for
+from ..db.inserts import insert_or_ignore, inserts
+from ..exceptions import QueueFull
+from ..status import Status
+from .conflicts import delete_retrying, retrying_conflicts
+
+if TYPE_CHECKING:
+    from django.db.models import Model
+
+    from ..models import QueueItem
+
+# Attempts at inserting a dedup_key item whose unfinished twin finishes meanwhile.
+DEDUP_INSERT_ATTEMPTS = 3
+
+
+def enqueue(
+    items: list[QueueItem],
+    using: str,
+    *,
+    bound: tuple[int, type[Model]] | None = None,
+    varying: Sequence[str] | None = None,
+) -> list[QueueItem]:
+    """Insert new items of one queue in the caller's transaction, all or none.
+
+    One item with a ``dedup_key`` gives way to its unfinished twin, which is returned in
+    its place. With ``bound``, the queue's size limit and the model of its bound row,
+    the queue's unfinished items are counted under that row's lock first, and
+    ``QueueFull`` is raised having written nothing when the items do not fit.
+    ``varying``: the only fields whose values differ between the items, if known (the
+    INSERT converts the others once). Outside a caller's transaction the enqueue is a
+    transaction of its own, run again when a conflict refuses it.
+    """
+    return retrying_conflicts(lambda: _enqueue(items, using, bound, varying), using)
+
+
+def _enqueue(
+    items: list[QueueItem],
+    using: str,
+    bound: tuple[int, type[Model]] | None,
+    varying: Sequence[str] | None,
+) -> list[QueueItem]:
+    if bound is not None:
+        max_size, bounds = bound
+        # savepoint=False: inside the caller's transaction it adds no query, and outside
+        # one the lock, the count and the insert still share a transaction of their own.
+        with transaction.atomic(using=using, savepoint=False):
+            current = lock_and_count(items[0], bounds, using)
+            if current + len(items) <= max_size:
+                return insert_new(items, using, varying)
+            # A full queue still answers with the unfinished twin: it adds nothing.
+            twin = unfinished_twin(items[0], using) if len(items) == 1 else None
+            if twin is not None:
+                return [twin]
+        # Raised outside the block, which would otherwise doom the caller's transaction.
+        raise QueueFull(items[0], current)
+    return insert_new(items, using, varying)
+
+
+def unfinished_twin(item: QueueItem, using: str) -> QueueItem | None:
+    """The unfinished item of ``item``'s queue that holds its dedup_key, if any."""
+    if item.dedup_key is None:
+        return None
+    twins = type(item)._default_manager.using(using)
+    found: QueueItem | None = twins.filter(
+        active_dedup_queue=item.queue, active_dedup_key=item.dedup_key
+    ).first()
+    return found
+
+
+def lock_and_count(item: QueueItem, bounds: type[Model], using: str) -> int:
+    """Lock the bound row of ``item``'s queue, then count the queue's unfinished items.
+
+    The lock is held until the caller's transaction ends, so the count stays true until
+    its insert commits: producers of this queue take turns, whatever the database. Only
+    enqueues add unfinished items, and they all take this lock first; consumers
+    finishing items only lower the count and need no lock. Lock order is always the
+    bound row, then items; a claim never takes the bound row.
+    """
+    lock_bound(bounds, item.queue, using)
+    # An OR of equalities, which PostgreSQL matches to the partial indexes (not so IN).
+    unfinished = Q(status=Status.READY) | Q(status=Status.IN_PROGRESS)
+    items = type(item)._default_manager.using(using).filter(unfinished, queue=item.queue)
+    return int(items.count())
+
+
+def lock_bound(bounds: type[Model], queue: str, using: str) -> None:
+    """Create ``queue``'s row of ``bounds``, or lock it if it exists, in one statement.
+
+    An upsert rather than "SELECT ... FOR UPDATE, INSERT if missing": producers racing
+    to create the row would otherwise hold shared locks on InnoDB (INSERT IGNORE) and
+    deadlock upgrading them, and on SQLite it takes the writer lock at once, before the
+    count.
+    """
+    bounds._default_manager.using(using).bulk_create(
+        [bounds(queue=queue, locked_at=timezone.now())],
+        update_conflicts=True,
+        unique_fields=dialect_for(using).upsert_target(["queue"]),
+        update_fields=["locked_at"],
+    )
+
+
+def insert_new(
+    items: list[QueueItem], using: str, varying: Sequence[str] | None = None
+) -> list[QueueItem]:
+    """Insert the items: one with a dedup_key gives way to its unfinished twin."""
+    if len(items) == 1 and items[0].dedup_key is not None:
+        return [insert_unique(items[0], using)]
+    return insert_many(items, using, varying)
+
+
+def insert(item: QueueItem, using: str) -> QueueItem:
+    inserts(type(item), using).insert([item])
+    return item
+
+
+def insert_many(
+    items: list[QueueItem], using: str, varying: Sequence[str] | None = None
+) -> list[QueueItem]:
+    """One INSERT per batch, all or none. ``varying``: the only fields whose values
+    differ between the items, if known."""
+    inserts(type(items[0]), using).insert(items, varying=varying)
+    return items
+
+
+def insert_unique(item: QueueItem, using: str) -> QueueItem:
+    """Insert, or return the unfinished item of the same queue holding the same dedup_key.
+
+    The unique index on (active_dedup_queue, active_dedup_key) decides races between
+    producers; the savepoint keeps the caller's transaction usable after a conflict.
+    """
+    for _ in range(DEDUP_INSERT_ATTEMPTS):
+        try:
+            with transaction.atomic(using=using):
+                return insert(item, using)
+        except IntegrityError:
+            holder = unfinished_twin(item, using)
+            if holder is not None:
+                return holder
+    raise IntegrityError(
+        f"could not enqueue dedup_key {item.dedup_key!r} on queue {item.queue!r}: "
+        "its unfinished twin kept changing"
+    )
+
+
+def record_effect(model: type[Model], key: str, using: str) -> bool:
+    """Record the effect ``key`` in the caller's transaction: True if this is its first
+    record, False if one was committed before (``once``). A savepoint of its own, so
+    that a duplicate key leaves the caller's transaction usable."""
+    try:
+        with transaction.atomic(using=using):
+            model._default_manager.using(using).create(key=key)
+    except IntegrityError:
+        return False
+    return True
+
+
+def enqueue_tick(
+    ticks: type[Model], name: str, tick: datetime, using: str, enqueue: Callable[[], Any]
+) -> Any | None:
+    """Record tick ``tick`` of schedule entry ``name`` and, if this call recorded it,
+    ``enqueue()`` its item (returning its primary key), in one transaction on ``using``:
+    the item exists exactly when its tick row does. Returns that key, or None when another
+    consumer had the tick.
+
+    The unique (name, tick) decides between consumers: an insert that would break it is
+    ignored (``insert_or_ignore``), so losing consumers log no error anywhere, and one
+    whose rival has not committed yet waits for it (row locks; SQLite's one writer) and
+    then finds the tick taken. A transaction refused by a conflict (Galera certifies
+    one of two nodes' rows) runs again, and then finds it taken too.
+    """
+
+    def run() -> Any | None:
+        with transaction.atomic(using=using):
+            if not insert_or_ignore(ticks(name=name, tick=tick), ["name", "tick"], using):
+                return None
+            pk = enqueue()
+            ticks._default_manager.using(using).filter(name=name, tick=tick).update(item_id=pk)
+            return pk
+
+    return retrying_conflicts(run, using)
+
+
+def trim_ticks(ticks: type[Model], name: str, before: datetime, using: str) -> int:
+    """Delete schedule entry ``name``'s tick rows older than ``before``; how many went."""
+    return delete_retrying(ticks._default_manager.using(using).filter(name=name, tick__lt=before))

@@ -1,0 +1,107 @@
+"""The walk of one item through the package's modules (docs/architecture.md, "The walk"):
+which module each call enters, in order, so that a test can hold that an enqueue, and a
+claim with its handler and acknowledgement, enter every module at most once and never
+climb back to one they left.
+
+``tests/test_architecture.py`` holds them; ``python3 scripts/test.py -s -k walk`` prints them.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+import django_txqueue
+
+PACKAGE = Path(django_txqueue.__file__).resolve().parent
+
+
+def module_of(filename: str) -> str | None:
+    """The package module a frame runs in (``consumer/worker.py`` as ``consumer.worker``),
+    or None outside the package and in its migrations."""
+    try:
+        relative = Path(filename).resolve().relative_to(PACKAGE)
+    except ValueError:
+        return None
+    if "migrations" in relative.parts:
+        return None
+    parts = relative.with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
+
+
+class Walk:
+    """The modules entered, in order: a call into a package module from a frame of another
+    module (or from outside the package) enters it. Calls within a module, and returns,
+    enter nothing."""
+
+    def __init__(self) -> None:
+        self.entered: list[str] = []
+        self._modules: dict[str, str | None] = {}
+
+    def _module(self, filename: str) -> str | None:
+        if filename not in self._modules:
+            self._modules[filename] = module_of(filename)
+        return self._modules[filename]
+
+    def __call__(self, frame, event, arg):
+        if event != "call":
+            return
+        module = self._module(frame.f_code.co_filename)
+        if module is None:
+            return
+        caller = frame.f_back
+        while caller is not None and self._module(caller.f_code.co_filename) is None:
+            # Django's code between two of ours (a manager, a signal): the module that
+            # called into Django is the one this call comes from.
+            caller = caller.f_back
+        came_from = None if caller is None else self._module(caller.f_code.co_filename)
+        if came_from != module:
+            self.entered.append(module)
+
+    def repeated(self) -> dict[str, int]:
+        """The modules entered more than once, and how often."""
+        return {name: n for name, n in Counter(self.entered).items() if n > 1}
+
+    def path(self) -> list[str]:
+        """The modules in the order first entered."""
+        return list(dict.fromkeys(self.entered))
+
+
+@contextmanager
+def walking():
+    """Record the walk of this thread and of the threads started meanwhile."""
+    walk = Walk()
+    sys.setprofile(walk)
+    threading.setprofile(walk)
+    try:
+        yield walk
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+
+def walks() -> dict[str, Walk]:
+    """One enqueue, then one claim with its handler and acknowledgement by a consumer
+    (``Worker`` in burst mode, one thread, the items' queue only): their walks. Needs a
+    migrated database; leaves the queue's items behind."""
+    from django.db import transaction
+
+    from django_txqueue import enqueue
+    from django_txqueue.consumer import registry
+    from django_txqueue.consumer.worker import Worker
+
+    queue = "walk"
+    registry.handler(queue)(lambda item: None)
+    try:
+        enqueue(queue, {"warm": True})  # compiled statements and lazy imports, once
+        Worker({queue: registry.handlers()[queue]}, burst=True).run()
+        with walking() as producing, transaction.atomic():
+            enqueue(queue, {"n": 1})
+        with walking() as consuming:
+            Worker({queue: registry.handlers()[queue]}, burst=True).run()
+    finally:
+        registry.unregister(queue)
+    return {"enqueue": producing, "claim, handle, acknowledge": consuming}
