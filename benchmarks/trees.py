@@ -35,7 +35,10 @@ DRAIN = (
     SETUP
     + r"""
 from django_txqueue.db import dialect_for
-from django_txqueue.consumer.worker import Worker
+try:
+    from django_txqueue.consumer.worker import Worker
+except ImportError:  # a tree from before the consumer/ folder
+    from django_txqueue.worker import Worker
 items, batch = int(sys.argv[1]), int(sys.argv[2])
 QueueItem.objects.all().delete()
 for start in range(0, items, 5000):

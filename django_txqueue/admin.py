@@ -311,6 +311,11 @@ class QueueItemAdmin(QueueItemModelAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[QueueItem]) -> None:
         QueueItem.objects.filter(pk__in=queryset.values("pk")).delete_finished()
 
+    def delete_model(self, request: HttpRequest, obj: QueueItem) -> None:
+        # Through the store, as every row change, and only while the row is finished: a
+        # requeue since the page was shown leaves it alone.
+        QueueItem.objects.filter(pk=obj.pk).delete_finished()
+
     # -- actions -----------------------------------------------------------------------
 
     @admin.action(

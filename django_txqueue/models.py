@@ -19,6 +19,7 @@ from django.db.models import Case, F, Q, When
 from django.db.models.functions import Now
 
 from . import conf, store
+from .db import dialect
 from .db.compiler import ClaimStatement
 from .status import Status
 from .validation import MAX_LABEL, MAX_QUEUE_NAME
@@ -46,8 +47,6 @@ __all__ = [
 ]
 
 _M = TypeVar("_M", bound="QueueModel")
-# What a migration runs for an index this database does without (MySQL's no-op).
-NO_STATEMENT = Statement("DO 0")
 
 
 class PartialIndex(models.Index):
@@ -68,21 +67,25 @@ class PartialIndex(models.Index):
         using: str = "",
         **kwargs: Any,
     ) -> Statement:
-        if schema_editor.connection.features.supports_partial_indexes:
+        vendor = dialect(schema_editor.connection)
+        if vendor.has_partial_indexes(schema_editor.connection):
             fields, condition = list(self.fields), self.where()
         elif (plain := self.plain_fields()) is not None:
             fields, condition = plain, None
         else:
-            return NO_STATEMENT
+            return Statement(vendor.no_op_sql)
         index = models.Index(fields=fields, name=self.name, condition=condition)
         return index.create_sql(model, schema_editor, using=using, **kwargs)
 
     def remove_sql(
         self, model: type[models.Model], schema_editor: BaseDatabaseSchemaEditor, **kwargs: Any
     ) -> str:
-        partial = schema_editor.connection.features.supports_partial_indexes
-        if not partial and self.plain_fields() is None:
-            return str(NO_STATEMENT)
+        vendor = dialect(schema_editor.connection)
+        if (
+            not vendor.has_partial_indexes(schema_editor.connection)
+            and self.plain_fields() is None
+        ):
+            return vendor.no_op_sql
         return super().remove_sql(model, schema_editor, **kwargs)
 
 
@@ -435,7 +438,7 @@ class QueueItem(QueueModel):
             StatusIndex(
                 status=Status.IN_PROGRESS, fields=["claim_token"], name="txqueue_item_claimed"
             ),
-            # For the admin at a million rows (issue 13): the exact search by key and by
+            # For the admin at a million rows: the exact search by key and by
             # dedup key, the throughput chart and purge (by finished_at), and the FAILED
             # filter and per-queue counts. DONE needs none: the newest DONE rows are the
             # newest rows, read backwards along the primary key.

@@ -1,6 +1,6 @@
 """The package's own views, for a project to ``path("txqueue/", include("django_txqueue.urls"))``:
-``health/``, the JSON health probe (``health.py``, docs/health.md), and ``metrics``, the
-Prometheus gauges read from the database (``views.py``, docs/metrics.md)."""
+``health/``, the JSON health probe (``observe/health.py``, docs/health.md), and ``metrics``, the
+Prometheus gauges read from the database (``observe/views.py``, docs/metrics.md)."""
 
 from django.urls import path
 

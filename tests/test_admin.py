@@ -227,6 +227,11 @@ class TestActions:
         admin_client.post(ITEMS, data)
         assert not QueueItem.objects.filter(pk__in=chosen).exists()
 
+    def test_delete_one_finished_item_from_its_page(self, admin_client, world):
+        page = item_page(world["done"]).replace("change/", "delete/")
+        assert admin_client.post(page, {"post": "yes"}).status_code == 302
+        assert not QueueItem.objects.filter(pk=world["done"].pk).exists()
+
     def test_no_delete_of_unfinished_items(self, admin_client, world):
         chosen = [world["done"].pk, world["ready"].pk]
         data = {"action": "delete_selected", "_selected_action": chosen, "post": "yes"}

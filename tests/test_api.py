@@ -80,7 +80,7 @@ class TestEnqueue:
 
 
 class TestValidation:
-    """Bad input raises the error DESIGN section 10 names, before any query."""
+    """Bad input raises the error docs/producing.md names, before any query."""
 
     @pytest.mark.parametrize(
         ("call", "error", "message"),

@@ -1,5 +1,5 @@
 """docs/architecture.md's rules, as far as imports do not show them (``lint-imports``
-checks those): only ``db/`` holds vendor facts, only ``store.py`` (and the SQL of ``db/``)
+checks those): only ``db/`` holds vendor facts, only ``store/`` (and the SQL of ``db/``)
 writes the queue's rows."""
 
 import ast
@@ -26,7 +26,15 @@ from .helpers import expire, finished_items
 PACKAGE = Path(django_txqueue.__file__).resolve().parent
 # The one module outside db/ whose point is vendor SQL: the bench's hand-written baseline.
 BASELINE = PACKAGE / "contrib" / "bench" / "raw.py"
-VENDOR_ATTRIBUTES = {"vendor", "mysql_is_mariadb", "mysql_version", "pg_version"}
+# Reads of what a database is or has: db/ names each as a fact of its Dialect.
+VENDOR_ATTRIBUTES = {"vendor", "mysql_is_mariadb", "mysql_version", "pg_version", "features"}
+# A string that is a statement (not a docstring): db/ holds every one, bar those that every
+# database runs alike.
+STATEMENT = re.compile(
+    r"\s*(SELECT|INSERT|UPDATE|DELETE|REPLACE|DO|SET|CREATE|DROP|ALTER|LOCK|PRAGMA|WITH|"
+    r"EXPLAIN|ANALYZE|VACUUM|SHOW)\s"
+)
+PORTABLE_STATEMENTS = {"SELECT 1"}
 WRITE = re.compile(r"\b(INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM|REPLACE\s+INTO)\b", re.I)
 WRITERS = {*(PACKAGE / "store").glob("*.py"), *(PACKAGE / "db").glob("*.py")}
 
@@ -38,14 +46,34 @@ def core_modules():
         yield path
 
 
+def docstrings(tree):
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+
+
 def vendor_facts(path):
-    """``(line, name)`` of each vendor fact read in ``path``: ``connection.vendor`` and
-    the like, which a named fact of db/ should stand for."""
+    """``(line, name)`` of each vendor fact read in ``path``, ``connection.vendor``,
+    ``connection.features`` and the like, which a named fact of db/ should stand for; and
+    of each SQL statement written there (``(line, "SQL")``), which db/ should hold."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    skipped = docstrings(tree)
     return [
         (node.lineno, node.attr)
         for node in ast.walk(tree)
         if isinstance(node, ast.Attribute) and node.attr in VENDOR_ATTRIBUTES
+    ] + [
+        (node.lineno, "SQL")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in skipped
+        and STATEMENT.match(node.value)
+        and node.value.strip() not in PORTABLE_STATEMENTS
     ]
 
 
@@ -62,6 +90,19 @@ def test_the_vendor_check_finds_a_vendor_branch(tmp_path):
     module = tmp_path / "branchy.py"
     module.write_text("def f(connection):\n    return connection.vendor == 'mysql'\n")
     assert vendor_facts(module) == [(2, "vendor")]
+
+
+def test_the_vendor_check_finds_a_feature_read_and_a_statement(tmp_path):
+    """What models.py once held: a feature read, and MySQL's no-op statement."""
+    module = tmp_path / "index.py"
+    module.write_text(
+        '"""DO 0 in a docstring is prose."""\n'
+        "def create(editor):\n"
+        "    if editor.connection.features.supports_partial_indexes:\n"
+        "        return None\n"
+        "    return Statement('DO 0')\n"
+    )
+    assert sorted(vendor_facts(module)) == [(3, "features"), (5, "SQL")]
 
 
 class WriteOrigins:
@@ -160,6 +201,17 @@ def test_only_the_store_writes_queue_rows(transactional_db, write_origins, setti
     finally:
         registry.unregister("arch")
     assert write_origins.origins, "no write was seen: the check itself is broken"
+    assert write_origins.outside_the_store() == []
+
+
+def test_the_admin_deletes_one_item_through_the_store(admin_client, write_origins):
+    """The delete page of one finished item, as the changelist's bulk delete: the store's."""
+    [pk] = finished_items("arch-admin", 1, ago=dt.timedelta(0))
+    write_origins.origins.clear()  # the delete's writes only
+    page = f"/admin/django_txqueue/queueitem/{pk}/delete/"
+    assert admin_client.post(page, {"post": "yes"}).status_code == 302
+    assert not QueueItem.objects.filter(pk=pk).exists()
+    assert write_origins.origins, "the delete was not written by the package"
     assert write_origins.outside_the_store() == []
 
 

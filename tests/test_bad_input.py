@@ -1,4 +1,4 @@
-"""The bad-input matrix (issue 16): ``BAD_CALLS`` holds 46 calls across the API, on_commit
+"""The bad-input matrix: ``BAD_CALLS`` holds 46 calls across the API, on_commit
 and the management commands, each run against a table with a READY, a claimed and a DONE
 item; each must raise an error that names its problem and leave every row as it was,
 the claimed item still IN_PROGRESS under its claim. Beside it, edge input with its own

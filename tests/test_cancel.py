@@ -1,4 +1,4 @@
-"""Cancellation (issue 26): ``QueueItem.cancel()``, ``Queue.cancel()``, the queryset's, the
+"""Cancellation: ``QueueItem.cancel()``, ``Queue.cancel()``, the queryset's, the
 admin action and ``txqueue_cancel``; a READY item ends CANCELLED at once, a running one
 gets a request that its handler polls (read with the lease renewal) and that settles it
 CANCELLED on every path that settles an item; CANCELLED shown wherever a status is."""

@@ -141,7 +141,7 @@ class TestStrategies:
 
     @pytest.mark.parametrize("limit", [1, 3])
     def test_round_trips_per_claim(self, queue, strategy, limit):
-        """DESIGN section 11: a claim is one statement where RETURNING allows it."""
+        """docs/claims.md: a claim is one statement where RETURNING allows it."""
         queue.enqueue_many([{}] * 3)
         with CaptureQueriesContext(connection) as queries:
             assert len(queue.claim(limit, strategy=strategy)) == limit
@@ -164,7 +164,7 @@ def _is_tx_control(sql):
 
 @pytest.mark.django_db(transaction=True)
 class TestClaimPlans:
-    """DESIGN pitfall: each claim must be one range scan of the READY index, with no sort.
+    """docs/claims.md: each claim must be one range scan of the READY index, with no sort.
 
     Otherwise InnoDB locks every candidate it examines and consumers run one at a time.
     The statements a real claim ran are EXPLAINed as they were run, on a table with a

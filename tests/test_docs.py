@@ -1,4 +1,5 @@
-"""The settings reference (docs/reference/settings.md) names every key the code accepts.
+"""The docs hold what the code does: the settings reference (docs/reference/settings.md) names
+every key the code accepts, and docs/architecture.md's map every module of the package.
 
 It reads the Markdown source, not the built site, so it needs no Sphinx: a key added to
 ``conf.DEFAULTS``, ``conf.QUEUE_KEYS`` or the schedule's ``KEYS`` without a row in its table
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import django_txqueue
 from django_txqueue import conf, schedule
 
 REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "settings.md"
@@ -51,3 +53,48 @@ def test_every_check_id_is_documented():
     documented |= {f"txqueue.{code}" for code in re.findall(r"\b([EW]\d{3})\b", text)}
     assert emitted, "no check ids found: the pattern no longer matches checks.py"
     assert emitted - documented == set()
+
+
+# -- docs/architecture.md's map ----------------------------------------------------------
+
+ARCHITECTURE = REFERENCE.parent.parent / "architecture.md"
+PACKAGE = Path(django_txqueue.__file__).resolve().parent
+
+
+def map_entries(text: str) -> list[str]:
+    """The paths the map names, in order: the names before each line's description (two
+    spaces or more), comma-separated; a folder (``consumer/``) stands for its
+    ``__init__.py``, ``migrations/`` for the whole folder."""
+    block = text.split("\n## The map\n", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    entries: list[str] = []
+    for line in block.splitlines():
+        names = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+        entries += [name.strip() for name in names.split(",") if name.strip()]
+    return entries
+
+
+def package_modules() -> list[str]:
+    return sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if "migrations" not in path.relative_to(PACKAGE).parts
+    )
+
+
+def test_every_module_is_in_the_architecture_map_once():
+    entries = [
+        f"{entry}__init__.py" if entry.endswith("/") else entry
+        for entry in map_entries(ARCHITECTURE.read_text())
+        if entry != "migrations/"
+    ]
+    repeated = sorted({entry for entry in entries if entries.count(entry) > 1})
+    assert repeated == [], "named more than once in docs/architecture.md's map"
+    assert sorted(set(package_modules()) - set(entries)) == [], "missing from the map"
+    assert sorted(set(entries) - set(package_modules())) == [], "in the map, not a module"
+
+
+def test_the_map_is_read_name_by_name():
+    text = (
+        "\n## The map\n\n```text\napi.py  producing\nurls.py, api.py  again\nstore/  rows\n```\n"
+    )
+    assert map_entries(text) == ["api.py", "urls.py", "api.py", "store/"]

@@ -1,4 +1,4 @@
-"""execution.py: one handler run and what it came to. A failure is the item's, never the
+"""consumer/execution.py: one handler run and what it came to. A failure is the item's, never the
 consumer's; test_atomic_handlers.py covers the atomic handler's transaction in depth."""
 
 import pytest

@@ -8,7 +8,8 @@ the admin's requeue and mark failed, ``Queue.purge``, and ``Queue.pause`` and ``
 (a paused queue's claims take nothing), on queues of tests/settings.py: a
 plain one, "bounded" (MAX_SIZE 3), "fair", "ordered", "fair-ordered" and "limited"
 (MAX_IN_FLIGHT_PER_KEY 2). ``Model`` says in plain Python what each step should do, from
-DESIGN and the README, never from the package's code; after every step the database must
+the docs (claims.md, queues.md, producing.md) and the README, never from the package's
+code; after every step the database must
 hold what the model holds, row for row, and the public reads (``count``, ``stats``,
 ``peek``) must agree with it. Besides, straight from the rows: at most one unfinished item
 per dedup key, an ordered key's items in flight within its limit, a bounded queue within
@@ -216,7 +217,7 @@ class Item:
 
 
 class Model:
-    """The queue as DESIGN sections 3, 8 and 10 and the README describe it."""
+    """The queue as docs/claims.md, queues.md, producing.md and the README describe it."""
 
     def __init__(self) -> None:
         self.items: dict[int, Item] = {}

@@ -1,4 +1,4 @@
-"""rotation.py: which queue a consumer claims from next. Queues in turn, so that a busy
+"""consumer/rotation.py: which queue a consumer claims from next. Queues in turn, so that a busy
 one cannot starve the others; idle ones passed over until woken or POLL_INTERVAL later;
 the orphaned on_commit calls at start, when the others are idle and at least every
 POLL_INTERVAL; queues found as they come. Then a consumer of 50 queues on a real

@@ -38,6 +38,9 @@ PURGE_RUN = 1.0
 
 
 class Housekeeping:
+    """The thread that runs a consumer's jobs on one database, from the first ``start()``
+    (which registers its Consumer row) to ``stop()`` (which marks it stopped)."""
+
     def __init__(
         self,
         consumer: Consumer,
@@ -58,7 +61,7 @@ class Housekeeping:
         self.counters = counters
         self.stopping = stopping
         self.on_database_error = on_database_error
-        self.thread = threading.Thread(target=self._run, name="txqueue-liveness", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="txqueue-housekeeping", daemon=True)
         self.scheduler = Scheduler(using)
 
     def start(self) -> None:
@@ -138,17 +141,6 @@ class Housekeeping:
         except Exception as exc:  # a setting the system checks would refuse: not so often
             logger.warning("schedule failed, will retry: %s", exc)
             return float(conf.get("HEARTBEAT_INTERVAL"))
-
-    def _purge_safely(self, until: float) -> bool:
-        """``_purge``, with any error logged: purging is housekeeping, never a reason to
-        stop heartbeating. Returns False if the purge was cut short at ``until``."""
-        try:
-            return self._purge(until)
-        except Exception as exc:
-            logger.warning("purge failed, will retry in %s s: %s", conf.get("PURGE_INTERVAL"), exc)
-            if isinstance(exc, DatabaseError):
-                self.on_database_error()
-            return True
 
     def _purge_safely(self, until: float) -> bool:
         """``_purge``, with any error logged: purging is housekeeping, never a reason to

@@ -52,7 +52,7 @@ def wait_for_database(alias: str, stopping: threading.Event, log: logging.Logger
 
 def unreachable(alias: str) -> str | None:
     """Why database ``alias`` does not answer a ``SELECT 1`` now, on one line, or None
-    when it does: one try, for a health probe (``health.py``)."""
+    when it does: one try, for a health probe (``observe/health.py``)."""
     try:
         with connections[alias].temporary_connection() as cursor:
             cursor.execute("SELECT 1")

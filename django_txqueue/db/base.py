@@ -58,6 +58,10 @@ class Dialect:
     # that they do not read the index entries of the rows claimed before (``resume``).
     resumes_claims: ClassVar[bool] = False
 
+    # A statement that does nothing, which a migration runs for an index this database does
+    # without (``has_partial_indexes``: MySQL's and MariaDB's partial indexes).
+    no_op_sql: ClassVar[str] = "SELECT 1"
+
     def __init__(self) -> None:
         self._ack_sql: dict[tuple[Any, ...], str] = {}
 
@@ -65,6 +69,10 @@ class Dialect:
         """An upsert's conflict target: the unique fields, or None where the database
         names none (MySQL's ON DUPLICATE KEY UPDATE takes any unique key)."""
         return unique_fields
+
+    def has_partial_indexes(self, connection: BaseDatabaseWrapper) -> bool:
+        """Indexes over the rows matching a condition: PostgreSQL and SQLite."""
+        return bool(connection.features.supports_partial_indexes)
 
     def supports_skip_locked(self, connection: BaseDatabaseWrapper) -> bool:
         """``SELECT ... FOR UPDATE SKIP LOCKED``: PostgreSQL, MySQL 8+, MariaDB 10.6+."""

@@ -1,4 +1,4 @@
-"""A running consumer survives a restart of its database server (DESIGN section 5).
+"""A running consumer survives a restart of its database server (docs/reliability.md).
 
 Each vendor gets a throwaway server of its own (``servers.py``): never the shared ones.
 The consumer is a real ``run_queue_consumer`` process; everything else talks to the

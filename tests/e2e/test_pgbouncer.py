@@ -1,4 +1,4 @@
-"""Behind PgBouncer (issue 25, part 2): a real ``/usr/sbin/pgbouncer`` in front of the
+"""Behind PgBouncer: a real ``/usr/sbin/pgbouncer`` in front of the
 suite's PostgreSQL (``pgbouncer.py``), real ``run_queue_consumer`` processes and producers.
 
 - A drain through ``pool_mode=transaction`` by three consumers: every item DONE once, the

@@ -1,4 +1,4 @@
-"""A consumer started while its database is down waits for it (issue 11, B6).
+"""A consumer started while its database is down waits for it.
 
 A server restart, a failover or a container that comes up before its database: the
 consumer must not exit 1 with a traceback (a crash loop under systemd or ``--processes``)

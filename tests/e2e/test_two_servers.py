@@ -1,4 +1,4 @@
-"""Queues on two database servers, one consumer process serving both (issue 25).
+"""Queues on two database servers, one consumer process serving both.
 
 The default database is this run's test database on the shared server; queue
 "elsewhere" lives on a throwaway server of the same vendor (``server``, from

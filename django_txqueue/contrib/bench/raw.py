@@ -38,7 +38,7 @@ INSERT_COLUMNS = (
     "queue, payload, priority, status, pid, attempts, max_attempts, last_error, error_class"
 )
 NOTIFY_CHANNEL = "txqueue_bench_rtt"
-# A project's own outbox table at its smallest (issue 28, part 4's baseline): a key and
+# A project's own outbox table at its smallest (the enqueue's baseline): a key and
 # the payload. The bench makes it, and drops it when done.
 MINIMAL_TABLE = "txqueue_bench_minimal"
 MINIMAL_COLUMNS = {
