@@ -19,6 +19,7 @@ from django_txqueue.consumer import registry
 from django_txqueue.consumer.worker import Worker
 from django_txqueue.models import Consumer, Effect, QueueBound, QueueItem, ScheduleTick
 from django_txqueue.schedule import Scheduler
+from tests import walks as tests_walks
 from tests.testapp import calls
 
 from .helpers import expire, finished_items
@@ -225,3 +226,42 @@ def test_a_write_from_another_module_is_caught(db, write_origins):
     )
     exec(code, {"QueueItem": QueueItem})  # noqa: S102 - stands for a line of api.py
     assert write_origins.outside_the_store() == ["api.py:<module>"]
+
+
+PRODUCING = {
+    "api",
+    "validation",
+    "conf",
+    "signals",
+    "store",
+    "store.items",
+    "store.conflicts",
+    "store.fairness",
+    "db",
+    "db.base",
+    "db.inserts",
+    "db.rows",
+    "db.rounds",
+    "db.postgresql",
+    "db.mysql",
+    "db.sqlite",
+    "observe.tracing",
+    "consumer.wakeup",
+}
+
+
+def test_the_walks(transactional_db, capsys):
+    """docs/architecture.md's walk, as a real enqueue and a real consumer take it: an
+    enqueue stays in the producing rooms, and a consumer never enters the admin, the read
+    side or the producers' facade beyond what it asks of its queues. ``-s`` prints both."""
+    walks = tests_walks.walks()
+    with capsys.disabled():
+        for name, walk in walks.items():
+            print(f"\n{name}: {len(walk.path())} modules, {len(walk.entered)} entries")
+            print("  " + " > ".join(walk.path()))
+    producing = walks["enqueue"]
+    assert set(producing.path()) <= PRODUCING, set(producing.path()) - PRODUCING
+    assert producing.path()[0] == "api"
+    consuming = set(walks["claim, handle, acknowledge"].path())
+    assert {"consumer.worker", "consumer.settle", "store.acks", "store.claims"} <= consuming
+    assert not consuming & {"admin", "observe.reads", "observe.chart", "observe.health"}
