@@ -102,8 +102,8 @@ def test_the_fields_are_no_log_record_attributes_and_reach_a_json_formatter(db):
     assert set(extra) == set(FIELDS)
     builtin = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
     assert not set(extra) & builtin
-    record = logging.getLogger("django_txqueue.consumer.settle").makeRecord(
-        "django_txqueue.consumer.settle", logging.WARNING, __file__, 1, "x", (), None, extra=extra
+    record = logging.getLogger("django_txqueue.settle").makeRecord(
+        "django_txqueue.settle", logging.WARNING, __file__, 1, "x", (), None, extra=extra
     )
 
     class JSONFormatter(logging.Formatter):  # as docs/tracing.md shows it

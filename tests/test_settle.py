@@ -100,7 +100,7 @@ class TestSuccesses:
         [again] = queue.claim(1, pid="second")
         settler = Settler("default")
         settler.put([Outcome(kept), Outcome(lost)])
-        with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.settle"):
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.settle"):
             assert len(settler.settle()) == 2
         assert "1 of 2 acknowledgements refused: their claims were taken over" in caplog.text
         assert settler.unsettled == []
@@ -294,7 +294,7 @@ class TestDatabasesFailure:
         outcome.lost = True
         settler = Settler("default")
         settler.put([outcome])
-        with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.settle"):
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.settle"):
             assert settler.settle() == [outcome]
         row = stored(item)
         assert (row.status, row.attempts, row.last_error) == (Status.READY, 0, "")
@@ -311,7 +311,7 @@ class TestDatabasesFailure:
         outcome.lost = True
         settler = Settler("default")
         settler.put([outcome])
-        with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.settle"):
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.settle"):
             settler.settle()
         row = stored(item)
         assert (row.status, row.attempts, row.result) == (Status.DONE, 1, "kept")

@@ -28,7 +28,9 @@ from ..observe.logs import about
 from ..validation import check_json
 from . import registry
 
-logger = logging.getLogger(__name__)
+# The logger name docs/tracing.md documents (and LOGGING settings name), kept from before
+# this module moved into consumer/.
+logger = logging.getLogger("django_txqueue.execution")
 
 
 @dataclass

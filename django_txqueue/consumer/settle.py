@@ -25,7 +25,9 @@ from ..observe.logs import about
 from ..status import Status
 from .execution import Outcome
 
-logger = logging.getLogger(__name__)
+# The logger name docs/tracing.md documents (and LOGGING settings name), kept from before
+# this module moved into consumer/.
+logger = logging.getLogger("django_txqueue.settle")
 
 
 def results(group: list[Outcome]) -> dict[Any, Any]:
