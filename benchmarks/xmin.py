@@ -32,6 +32,7 @@ def churn(seconds: float, from_head: bool) -> list[float]:
     from django_txqueue import Queue, store
     from django_txqueue.consumer.claims import Resume
     from django_txqueue.models import QueueItem
+    from django_txqueue.store import Ack
 
     queue = Queue("bench-xmin")
     resume = Resume(queue.claims)
@@ -39,7 +40,7 @@ def churn(seconds: float, from_head: bool) -> list[float]:
     def claim() -> list[QueueItem]:
         if from_head:
             return queue.claim(10)
-        return resume.ack_and_claim(0, {}, 10, pid="bench-xmin")[1]
+        return resume.ack_and_claim(None, 10, pid="bench-xmin")[1]
 
     rates, claimed, claiming = [], 0, 0.0
     window_end = time.monotonic() + WINDOW
@@ -53,7 +54,7 @@ def churn(seconds: float, from_head: bool) -> list[float]:
             claimed += len(items)
             if items:
                 results = {item.pk: None for item in items}
-                store.ack_many(QueueItem, "default", items[0].claim_token, results)
+                store.ack_many(QueueItem, "default", Ack(items[0].claim_token, results))
         if time.monotonic() >= window_end:
             rates.append(claimed / claiming)
             print(f"  {len(rates) * WINDOW:>5.0f} s: {rates[-1]:>7,.0f} claims/s", flush=True)

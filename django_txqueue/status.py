@@ -1,5 +1,5 @@
-"""The states of a queue item. Its own module so that ``store`` and ``db`` can name them
-without importing the models."""
+"""The states of a queue item, and the rule that settles a held one. Its own module so
+that ``store`` and ``db`` can name them without importing the models."""
 
 from django.db import models
 
@@ -22,3 +22,15 @@ class Status(models.IntegerChoices):
 # The states an item can still leave: it counts towards MAX_SIZE and holds its dedup_key.
 UNFINISHED = (Status.READY, Status.IN_PROGRESS)
 FINISHED = (Status.DONE, Status.FAILED, Status.CANCELLED)
+
+
+def settled_as(status: int) -> models.Case:
+    """``status``, or CANCELLED where the row's cancellation was requested: the rule that
+    settles a held item, decided from the row in the statement that settles it. Written
+    once: the store's updates use it, and the acknowledgement's SQL is compiled from it
+    (``db.acks.AckStatement``)."""
+    return models.Case(
+        models.When(cancel_requested_at__isnull=False, then=models.Value(int(Status.CANCELLED))),
+        default=models.Value(int(status)),
+        output_field=models.PositiveSmallIntegerField(),
+    )

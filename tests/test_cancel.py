@@ -18,6 +18,7 @@ from django.utils import timezone
 from django_txqueue import Queue, QueueFull, Status, enqueue, store
 from django_txqueue.consumer.worker import Worker
 from django_txqueue.models import QueueItem
+from django_txqueue.store import Ack
 from django_txqueue.tasks.backend import TASKS_FRAMEWORK, ItemCancelled
 from tests.helpers import FAST, expire, running, wait_for
 from tests.test_admin import DASHBOARD, ITEMS, act, item_page, message, queue_rows, shown, staff
@@ -168,7 +169,9 @@ def test_a_batch_acknowledgement_settles_only_the_asked_ones_cancelled(queue, st
     queue.enqueue_many([{}, {}])
     first, second = claimed(queue, 2, strategy=strategy)
     request_cancel(first)
-    acked = store.ack_many(QueueItem, "default", first.claim_token, {first.pk: 1, second.pk: 2})
+    acked = store.ack_many(
+        QueueItem, "default", Ack(first.claim_token, {first.pk: 1, second.pk: 2})
+    )
     assert acked == 2
     assert_cancelled(first)
     assert stored(second).status == Status.DONE
@@ -180,7 +183,7 @@ def test_the_acknowledgement_riding_with_the_next_claim_settles_it_cancelled(que
     request_cancel(first)
     results = {first.pk: None, second.pk: None}
     acked, more = queue.claims.ack_and_claim(
-        first.claim_token, results, 1, pid="me", strategy=strategy
+        Ack(first.claim_token, results), 1, pid="me", strategy=strategy
     )
     assert acked == 2 and len(more) == 1
     assert_cancelled(first)

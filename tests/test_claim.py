@@ -19,7 +19,7 @@ from django_txqueue import Queue, Status
 from django_txqueue.db import dialect, dialect_for
 from django_txqueue.db.compiler import ClaimStatement
 from django_txqueue.models import Dashboard, QueueItem
-from django_txqueue.store import consumer_identity
+from django_txqueue.store import Ack, consumer_identity
 from tests.helpers import analyze, explain, has, item_reads, plan_lines, strategies
 from tests.testapp.models import Thing
 
@@ -364,7 +364,9 @@ def test_an_acknowledgement_timing_out_in_the_claims_transaction_is_retried_with
     queue.enqueue_many([{}, {}])
     [held] = queue.claim(1)
     with row_held_past_the_lock_wait_timeout(held.pk):
-        acknowledged, claimed = queue.claims.ack_and_claim(held.claim_token, {held.pk: None}, 1)
+        acknowledged, claimed = queue.claims.ack_and_claim(
+            Ack(held.claim_token, {held.pk: None}), 1
+        )
     assert acknowledged == 1 and len(claimed) == 1 and claimed[0].pk != held.pk
     assert QueueItem.objects.get(pk=held.pk).status == Status.DONE
 

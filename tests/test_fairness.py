@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from django_txqueue import Queue, Status
 from django_txqueue.models import QueueItem
+from django_txqueue.store import Ack
 
 from .helpers import ROOT, child_env, expire
 
@@ -269,7 +270,7 @@ def test_an_acknowledgement_riding_on_the_next_claim_frees_its_key_for_it(db, st
     queue.enqueue_many([{"n": n} for n in range(2)], key="a")
     [a0] = queue.claim(1, strategy=strategy)
     acknowledged, claimed = queue.claims.ack_and_claim(
-        a0.claim_token, {a0.pk: None}, 5, strategy=strategy
+        Ack(a0.claim_token, {a0.pk: None}), 5, strategy=strategy
     )
     assert acknowledged == 1
     assert keys_of(claimed) == [("a", 1)]

@@ -19,6 +19,7 @@ from django_txqueue import Queue, Status, signals, store
 from django_txqueue.consumer.worker import Worker
 from django_txqueue.db import dialect
 from django_txqueue.models import QueueItem
+from django_txqueue.store import Ack
 from tests.helpers import has
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -215,8 +216,8 @@ def test_a_large_batch_is_acknowledged_at_once_and_fenced():
     assert len(claimed) == 120 and 2**40 in {item.pk for item in claimed}
     token = claimed[0].claim_token
     pks = {item.pk: None for item in claimed}
-    assert store.ack_many(QueueItem, "default", token ^ 1, pks) == 0  # another claim's token
-    assert store.ack_many(QueueItem, "default", token, pks) == 120
+    assert store.ack_many(QueueItem, "default", Ack(token ^ 1, pks)) == 0  # another claim's token
+    assert store.ack_many(QueueItem, "default", Ack(token, pks)) == 120
     assert Queue("hotpath").count(status=Status.DONE) == 120
 
 
@@ -230,7 +231,7 @@ class TestAckAndClaim:
         queue.enqueue_many([{"n": n} for n in range(5)])
         first = queue.claim(2)
         results = {first[0].pk: {"sent": True}, first[1].pk: None}
-        acknowledged, second = queue.claims.ack_and_claim(first[0].claim_token, results, 2)
+        acknowledged, second = queue.claims.ack_and_claim(Ack(first[0].claim_token, results), 2)
         assert acknowledged == 2
         assert [item.payload["n"] for item in second] == [2, 3]
         assert {item.status for item in second} == {Status.IN_PROGRESS}
@@ -244,7 +245,7 @@ class TestAckAndClaim:
         queue.enqueue_many([1, 2])
         (held,) = queue.claim(1)
         acknowledged, claimed = queue.claims.ack_and_claim(
-            held.claim_token ^ 1, {held.pk: None}, 5
+            Ack(held.claim_token ^ 1, {held.pk: None}), 5
         )
         assert (acknowledged, len(claimed)) == (0, 1)
         assert QueueItem.objects.get(pk=held.pk).status == Status.IN_PROGRESS
@@ -253,7 +254,7 @@ class TestAckAndClaim:
         queue = Queue("hotpath")
         queue.enqueue(1)
         (held,) = queue.claim(1)
-        assert queue.claims.ack_and_claim(held.claim_token, {held.pk: 7}, 10) == (1, [])
+        assert queue.claims.ack_and_claim(Ack(held.claim_token, {held.pk: 7}), 10) == (1, [])
         assert QueueItem.objects.get(pk=held.pk).result == 7
 
     def test_each_acknowledgement_rides_with_the_next_claim(self):
@@ -308,7 +309,7 @@ class TestPreparedStatements:
             for _ in range(2):
                 claimed = queue.claim(10)
                 results = {item.pk: None for item in claimed}
-                queue.claims.ack_and_claim(claimed[0].claim_token, results, 10)
+                queue.claims.ack_and_claim(Ack(claimed[0].claim_token, results), 10)
             with connection.cursor() as cursor:
                 cursor.execute("SELECT statement FROM pg_prepared_statements")
                 prepared = [row[0] for row in cursor.fetchall()]

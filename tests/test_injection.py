@@ -17,6 +17,7 @@ from django.urls import reverse
 
 from django_txqueue import Queue, Status, enqueue
 from django_txqueue.models import Consumer, QueueItem
+from django_txqueue.store import Ack
 
 HOSTILE = [
     "x'; DROP TABLE django_txqueue_queueitem; --",
@@ -64,7 +65,9 @@ def test_claims_acknowledgements_and_results(hostile, bystander):
     claimed = queue.claim(2, pid=hostile[:255])
     assert [item.pid for item in claimed] == [hostile[:255]] * 2
     assert claimed[0].ack({hostile: hostile})
-    acknowledged, _ = queue.claims.ack_and_claim(claimed[1].claim_token, {claimed[1].pk: hostile})
+    acknowledged, _ = queue.claims.ack_and_claim(
+        Ack(claimed[1].claim_token, {claimed[1].pk: hostile})
+    )
     assert acknowledged == 1
     results = {json.dumps(value) for value in queue.items.values_list("result", flat=True)}
     assert results == {json.dumps({hostile: hostile}), json.dumps(hostile)}

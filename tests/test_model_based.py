@@ -51,6 +51,7 @@ from hypothesis.stateful import (
 
 from django_txqueue import Queue, QueueFull, QueueItem, Status, enqueue, enqueue_many
 from django_txqueue.models import QueueBound, QueuePause
+from django_txqueue.store import Ack
 
 from .helpers import expire, strategies
 from .test_housekeeping import liveness
@@ -626,7 +627,7 @@ class QueueMachine(RuleBasedStateMachine):
         if acks:
             results = {handle.pk: {"n": handle.payload["n"]} for handle in acks["handles"]}
             count, claimed = self.queue(name).claims.ack_and_claim(
-                acks["token"], results, limit, pid="model", strategy=strategy
+                Ack(acks["token"], results), limit, pid="model", strategy=strategy
             )
             assert count == acked, "only the items the claim still holds are acknowledged"
         else:

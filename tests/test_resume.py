@@ -18,7 +18,7 @@ resumes = pytest.mark.requires("resumes_claims")
 
 
 def claim(resume, limit):
-    return [item.payload["n"] for item in resume.ack_and_claim(0, {}, limit, pid="p")[1]]
+    return [item.payload["n"] for item in resume.ack_and_claim(None, limit, pid="p")[1]]
 
 
 @resumes
@@ -38,7 +38,7 @@ def test_a_resumed_claim_that_finds_nothing_reads_from_the_head(db):
     queue = Queue("resumed")
     queue.enqueue_many([{"n": n} for n in range(2)])
     resume = Resume(queue.claims)
-    first, second = resume.ack_and_claim(0, {}, 2, pid="p")[1]
+    first, second = resume.ack_and_claim(None, 2, pid="p")[1]
     assert resume.after() == (0, 0, second.run_at, second.pk)  # round, priority, run_at, id
     assert first.release()  # READY again, behind the resume point
     assert claim(resume, 2) == [0]

@@ -17,6 +17,7 @@ from django_txqueue import Status, signals, store
 from django_txqueue.consumer.execution import Outcome, drop_connection
 from django_txqueue.consumer.settle import Settler
 from django_txqueue.models import QueueItem
+from django_txqueue.store import Ack
 from tests.helpers import expire, lose_connection
 
 
@@ -195,12 +196,11 @@ class TestHeld:
             assert settler.settle(hold=True) == []
         assert acknowledgements(queries) == []
         assert settler.holding == 3
-        token, results = settler.held_ack()
-        assert token == claimed[0].claim_token
-        assert results == {item.pk: item.pk for item in claimed}
+        held = settler.held_ack()
+        assert held == Ack(claimed[0].claim_token, {item.pk: item.pk for item in claimed})
         assert queue.count(status=Status.IN_PROGRESS) == 3  # nothing written yet
 
-        acknowledged, _ = queue.claims.ack_and_claim(token, results, 1)
+        acknowledged, _ = queue.claims.ack_and_claim(held, 1)
         assert [outcome.item.pk for outcome in settler.acknowledged(acknowledged)] == [
             item.pk for item in claimed
         ]
@@ -306,7 +306,7 @@ class TestDatabasesFailure:
         """The atomic handler's COMMIT raised, but the server had it: the row is DONE."""
         queue.enqueue({})
         [item] = queue.claim(1)
-        store.ack_many(QueueItem, "default", item.claim_token, {item.pk: "kept"})
+        store.ack_many(QueueItem, "default", Ack(item.claim_token, {item.pk: "kept"}))
         outcome = failure(DatabaseError("server closed the connection unexpectedly"), item)
         outcome.lost = True
         settler = Settler("default")

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from django_txqueue import Queue, Status, store
 from django_txqueue.models import Consumer, QueueItem
+from django_txqueue.store import Ack
 from tests.helpers import ROOT, child_env, expire, in_other_thread, wait_for
 from tests.testapp.models import Thing
 
@@ -192,7 +193,7 @@ class TestAckMany:
         a, b = queue.claim(2, strategy=strategy)
         [other] = queue.claim(1, strategy=strategy)
         acknowledged = store.ack_many(
-            QueueItem, "default", a.claim_token, {a.pk: {"n": 1}, b.pk: None, other.pk: 3}
+            QueueItem, "default", Ack(a.claim_token, {a.pk: {"n": 1}, b.pk: None, other.pk: 3})
         )
         assert acknowledged == 2
         stored = {item.pk: item for item in QueueItem.objects.all()}
@@ -205,13 +206,13 @@ class TestAckMany:
         queue.enqueue({})
         [item] = queue.claim()
         results = {item.pk: "first"}
-        assert store.ack_many(QueueItem, "default", item.claim_token, results) == 1
-        assert store.ack_many(QueueItem, "default", item.claim_token, {item.pk: "again"}) == 0
+        assert store.ack_many(QueueItem, "default", Ack(item.claim_token, results)) == 1
+        assert store.ack_many(QueueItem, "default", Ack(item.claim_token, {item.pk: "again"})) == 0
         assert QueueItem.objects.get(pk=item.pk).result == "first"
 
     def test_nothing_to_acknowledge_runs_no_query(self, db):
         with CaptureQueriesContext(connection) as queries:
-            assert store.ack_many(QueueItem, "default", 1, {}) == 0
+            assert store.ack_many(QueueItem, "default", Ack(1, {})) == 0
         assert not queries.captured_queries
 
 
@@ -431,7 +432,7 @@ def test_now_plus_is_the_database_clock(queue, wait):
 
 
 def ack_many(results, token):
-    return store.ack_many(QueueItem, "default", token, results)
+    return store.ack_many(QueueItem, "default", Ack(token, results))
 
 
 class TestBatchAckFencing:

@@ -33,6 +33,7 @@ from ..models import QueuePause
 from ..store import fairness
 
 if TYPE_CHECKING:
+    from ..db.acks import Ack
     from ..models import QueueItem, QueueItemQuerySet
 
 FULL_CLAIM_EVERY = 1.0  # seconds
@@ -91,8 +92,7 @@ class Claims:
 
     def ack_and_claim(
         self,
-        claim_token: int,
-        results: dict[Any, Any],
+        ack: Ack | None,
         limit: int = 1,
         *,
         pid: str | None = None,
@@ -100,13 +100,12 @@ class Claims:
         lease: float | timedelta | None = None,
         after: tuple[Any, ...] | None = None,
     ) -> tuple[int, list[QueueItem]]:
-        """Acknowledge items of one claim (``{pk: result}``, of any queue), then claim as
+        """Acknowledge ``ack``, items of one claim (of any queue; None: none), then claim as
         ``claim`` does; together where the database allows (``store.ack_and_claim``).
         Returns how many were acknowledged and the claimed items. The consumer's loop."""
         return store.ack_and_claim(
             self.statement(limit),
-            claim_token,
-            results,
+            ack,
             pid=pid,
             strategy=strategy,
             lease=lease,
@@ -136,8 +135,7 @@ class Resume:
 
     def ack_and_claim(
         self,
-        claim_token: int,
-        results: dict[Any, Any],
+        ack: Ack | None,
         limit: int,
         *,
         pid: str,
@@ -147,9 +145,7 @@ class Resume:
         """``Claims.ack_and_claim`` after the resume point, or from the head."""
         after, started = self.after(), time.monotonic()
         options: dict[str, Any] = {"pid": pid, "strategy": strategy, "lease": lease}
-        acknowledged, items = self.claims.ack_and_claim(
-            claim_token, results, limit, after=after, **options
-        )
+        acknowledged, items = self.claims.ack_and_claim(ack, limit, after=after, **options)
         if after is not None and not items:  # nothing after the point: from the head
             after, started = None, time.monotonic()
             items = self.claims.claim(limit, **options)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-from typing import Any
 
 from .. import signals, store
 from ..models import QueueItem
@@ -30,9 +29,9 @@ from .execution import Outcome
 logger = logging.getLogger("django_txqueue.settle")
 
 
-def results(group: list[Outcome]) -> dict[Any, Any]:
-    """``{pk: result}`` of successes, as ``store.ack_many`` takes them."""
-    return {outcome.item.pk: outcome.result for outcome in group}
+def acknowledgement(token: int, group: list[Outcome]) -> store.Ack:
+    """What acknowledging one claim's successes writes: its token, and ``{pk: result}``."""
+    return store.Ack(token, {outcome.item.pk: outcome.result for outcome in group})
 
 
 class Settler:
@@ -83,7 +82,7 @@ class Settler:
         try:
             for token, group in by_claim.items():
                 self._report_refused(
-                    store.ack_many(QueueItem, self.using, token, results(group)), group
+                    store.ack_many(QueueItem, self.using, acknowledgement(token, group)), group
                 )
                 settled += group
             settled += already
@@ -102,12 +101,11 @@ class Settler:
         """How many successes are held for the next claim to acknowledge."""
         return len(self.held[1]) if self.held else 0
 
-    def held_ack(self) -> tuple[int, dict[Any, Any]] | None:
-        """The held claim token and ``{pk: result}`` to acknowledge, if any."""
+    def held_ack(self) -> store.Ack | None:
+        """The held successes' acknowledgement, for the next claim to carry; None if none."""
         if self.held is None:
             return None
-        token, group = self.held
-        return token, results(group)
+        return acknowledgement(*self.held)
 
     def acknowledged(self, count: int) -> list[Outcome]:
         """The held successes were acknowledged (``count`` of them accepted): settle them."""

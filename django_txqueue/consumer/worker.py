@@ -321,7 +321,7 @@ class Worker:
         if name not in station.resumes:
             station.resumes[name] = Resume(queue.claims)
         acknowledged, items = station.resumes[name].ack_and_claim(
-            *(held or (0, {})), limit, pid=self.identity, strategy=self.strategy, lease=self.lease
+            held, limit, pid=self.identity, strategy=self.strategy, lease=self.lease
         )
         if held is not None:
             self._settled(station, station.settler.acknowledged(acknowledged))

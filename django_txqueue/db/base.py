@@ -20,7 +20,7 @@ from django.db import DatabaseError, Error, NotSupportedError, connections
 from .. import conf
 from ..conf import STRATEGIES
 from ..status import Status
-from .rows import has_field, now_sql, quoted_column
+from .rows import now_sql, quoted_column
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -61,9 +61,6 @@ class Dialect:
     # A statement that does nothing, which a migration runs for an index this database does
     # without (``has_partial_indexes``: MySQL's and MariaDB's partial indexes).
     no_op_sql: ClassVar[str] = "SELECT 1"
-
-    def __init__(self) -> None:
-        self._ack_sql: dict[tuple[Any, ...], str] = {}
 
     def upsert_target(self, unique_fields: list[str]) -> list[str] | None:
         """An upsert's conflict target: the unique fields, or None where the database
@@ -112,8 +109,9 @@ class Dialect:
     def ack_and_claim(
         self, claim: ClaimStatement, values: ClaimValues, ack: tuple[str, list[Any]]
     ) -> tuple[int, list[Any]]:
-        """Run the acknowledgement ``ack`` (SQL and parameters) and a skip_locked claim
-        together; return how many rows ``ack`` changed and the claimed items."""
+        """Run the acknowledgement ``ack`` (``AckStatement.bind``'s SQL and parameters) and a
+        skip_locked claim together; return how many rows ``ack`` changed and the claimed
+        items."""
         raise NotSupportedError(f"{self.vendor} runs acknowledgements on their own")
 
     @contextmanager
@@ -288,43 +286,16 @@ class Dialect:
     def pk_params(self, pks: list[Any]) -> list[Any]:
         return pks
 
-    def ack_sql(
-        self, model: type[Model], connection: BaseDatabaseWrapper, size: int, results: bool
-    ) -> str:
-        """The fenced acknowledgement of ``size`` items of one claim, in one UPDATE, built
-        once per model, size and shape (``ack_update``)."""
-        key = (model, size, results)
-        sql = self._ack_sql.get(key)
-        if sql is None:
-            names = ["pk", "status", "lease_expires_at", "claim_token"]
-            if has_field(model, "result"):
-                names += ["result", "finished_at"]
-            if has_field(model, "cancel_requested_at"):
-                names.append("cancel_requested_at")
-            columns = {name: quoted_column(connection, model, name) for name in names}
-            table = connection.ops.quote_name(model._meta.db_table)
-            sql = self._ack_sql[key] = self.ack_update(
-                table, columns, now_sql(connection), size, results
-            )
-        return sql
-
     def ack_update(
-        self, table: str, columns: dict[str, str], now: str, size: int, results: bool
+        self, table: str, columns: dict[str, str], status: str, now: str, size: int, results: bool
     ) -> str:
-        """The fenced acknowledgement's UPDATE.
+        """The fenced acknowledgement's UPDATE (``acks.AckStatement``).
 
-        Parameters: DONE, then (pk, result) pairs when ``results``, then ``pk_params`` of
-        the pks, then IN_PROGRESS and the claim token: only rows still held by that claim
-        change.
-        ``columns`` maps field names to quoted columns; a model without ``result`` and
-        ``finished_at`` (a plain QueueModel) has neither set. A row whose cancellation was
-        requested before this acknowledgement ends CANCELLED: decided in the statement
-        itself, so a request racing the acknowledgement costs no read.
+        Parameters: ``status``'s, then (pk, result) pairs when ``results``, then
+        ``pk_params`` of the pks, then IN_PROGRESS and the claim token: only rows still held
+        by that claim change. ``columns`` maps field names to quoted columns; a model
+        without ``result`` and ``finished_at`` (a plain QueueModel) has neither set.
         """
-        status = "%s"
-        if "cancel_requested_at" in columns:  # CANCELLED a constant: no parameter per call
-            requested = columns["cancel_requested_at"]
-            status = f"CASE WHEN {requested} IS NULL THEN %s ELSE {int(Status.CANCELLED)} END"
         pk, assignments = columns["pk"], [f"{columns['status']} = {status}"]
         if "result" in columns:
             result = "CASE " + f"WHEN {pk} = %s THEN %s " * size + "END" if results else "NULL"

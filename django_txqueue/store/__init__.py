@@ -15,13 +15,14 @@ so the store works for any ``QueueModel`` and imports no models itself.
 - ``conflicts``: a transaction refused by a conflict, run again;
 - ``backoff`` and ``fairness``: retry delays, and fair and ordered queues' rounds and filters.
 
-Callers use the names re-exported here (``store.ack``, ``store.claim``...).
+Callers use the names re-exported here (``store.ack``, ``store.claim``...), and
+``store.Ack``, what a settled batch must acknowledge (``db.acks``).
 """
 
+from ..db.acks import Ack
 from .acks import (
     ack,
     ack_many,
-    ack_statement,
     defer_computed,
     fail,
     mark_done,
@@ -104,7 +105,7 @@ __all__ = [
     "ack",
     "mark_done",
     "ack_many",
-    "ack_statement",
+    "Ack",
     "retry",
     "fail",
     "release",

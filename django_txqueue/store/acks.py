@@ -10,13 +10,14 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, F, Q, When
 from django.db.models.functions import Now
 
 from .. import conf
 from ..db import dialect
+from ..db.acks import Ack, ack_statement
 from ..db.rows import has_field
-from ..status import Status
+from ..status import Status, settled_as
 from ..validation import check_json, to_timedelta
 from . import backoff
 from .conflicts import retrying_conflicts, update_retrying
@@ -38,7 +39,8 @@ def ack(item: QueueModel, result: Any = None) -> bool:
     # _holds_no_claim(item), written out: so the type checker knows the token is set.
     if item.claim_token is None or item.status != Status.IN_PROGRESS:
         return False
-    if not ack_many(type(item), item._state.db or "default", item.claim_token, {item.pk: result}):
+    alias = item._state.db or "default"
+    if not ack_many(type(item), alias, Ack(item.claim_token, {item.pk: result})):
         return False
     mark_done(item, result)
     return True
@@ -48,24 +50,23 @@ def mark_done(item: QueueModel, result: Any = None) -> None:
     """Bring an acknowledged item's fields in line with its row: DONE, or CANCELLED if
     this instance knows of a cancellation request (one made after the last lease renewal
     read them settles the row CANCELLED too, but this instance still says DONE)."""
-    requested = item.__dict__.get("cancel_requested_at") is not None  # no query if deferred
-    item.status = Status.CANCELLED if requested else Status.DONE
+    item.status = known_status(item, Status.DONE)
     item.lease_expires_at = None
     if has_field(type(item), "result"):
         item.result = result  # type: ignore[attr-defined]
         item.__dict__.pop("finished_at", None)  # set by the database clock: load on access
 
 
-def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any, Any]) -> int:
-    """Mark DONE, in one fenced UPDATE, items of one claim: ``{pk: result}``; those whose
-    cancellation was requested meanwhile CANCELLED (``Dialect.ack_update``).
+def ack_many(model: type[Model], alias: str, ack: Ack) -> int:
+    """Acknowledge, in one fenced UPDATE, ``ack``'s items of one claim: DONE with their
+    results, or CANCELLED where a cancellation was requested meanwhile.
 
-    Only rows still IN_PROGRESS under ``claim_token`` change; returns how many did.
+    Only rows still IN_PROGRESS under ``ack.claim_token`` change; returns how many did.
     """
-    if not results:
+    if not ack.results:
         return 0
     connection = connections[alias]
-    sql, params = ack_statement(model, alias, claim_token, results)
+    sql, params = ack_statement(model, alias).bind(ack)
 
     def run() -> int:
         with dialect(connection).hot_cursor(connection) as cursor:
@@ -76,23 +77,6 @@ def ack_many(model: type[Model], alias: str, claim_token: int, results: dict[Any
     # claim, which locks as it reads), Galera refuse it against a claim of another node:
     # fenced, it is safe to run again.
     return retrying_conflicts(run, alias)
-
-
-def ack_statement(
-    model: type[Model], alias: str, claim_token: int, results: dict[Any, Any]
-) -> tuple[str, list[Any]]:
-    """``ack_many``'s UPDATE and its parameters."""
-    connection = connections[alias]
-    with_results = any(value is not None for value in results.values())
-    # Plain ints: mysqlclient would quote a Status member as a string.
-    params: list[Any] = [int(Status.DONE)]
-    if with_results:
-        field: Any = model._meta.get_field("result")
-        for pk, value in results.items():
-            params += [pk, field.get_db_prep_save(value, connection)]
-    vendor = dialect(connection)
-    params += [*vendor.pk_params(list(results)), int(Status.IN_PROGRESS), claim_token]
-    return vendor.ack_sql(model, connection, len(results), with_results), params
 
 
 def retry(
@@ -164,12 +148,16 @@ def unless_cancelled(
             default=finished_at if finished_at is not None else F("finished_at"),
             output_field=models.DateTimeField(),
         ),
-        "status": Case(
-            When(requested, then=Value(int(Status.CANCELLED))),
-            default=Value(int(status)),
-            output_field=models.PositiveSmallIntegerField(),
-        ),
+        "status": settled_as(status),
     }
+
+
+def known_status(item: QueueModel, status: int) -> int:
+    """What a settled instance says of itself: CANCELLED if it knew of a cancellation
+    request (read with its last lease renewal), else ``status``. The row, which decided
+    with ``settled_as``, is the truth: a request made since settles it CANCELLED too."""
+    requested = item.__dict__.get("cancel_requested_at") is not None  # no query if deferred
+    return Status.CANCELLED if requested else status
 
 
 def _holds_no_claim(item: QueueModel) -> bool:
@@ -187,9 +175,8 @@ def _settle_if_held(
     settled = unless_cancelled(type(item), status, finished_at=finished_at)
     if not _change_if_held(item, **changes, **settled):
         return False
-    asked = item.__dict__.get("cancel_requested_at") is not None
-    item.status = Status.CANCELLED if asked else status
-    if not asked and finished_at is None and has_field(type(item), "finished_at"):
+    item.status = known_status(item, status)
+    if item.status == status and finished_at is None and has_field(type(item), "finished_at"):
         item.finished_at = None  # type: ignore[attr-defined]  # not finished, as it knows
     return True
 

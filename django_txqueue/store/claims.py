@@ -13,9 +13,10 @@ from django.db import DatabaseError
 
 from .. import conf
 from ..db import dialect, dialect_for
+from ..db.acks import Ack, ack_statement
 from ..db.compiler import ClaimStatement, ClaimValues, sort_items
 from ..validation import to_timedelta, validate_pid
-from .acks import ack_many, ack_statement
+from .acks import ack_many
 from .conflicts import retrying_conflicts
 from .consumers import consumer_identity
 
@@ -83,34 +84,35 @@ def lease_of(queue: str | None, given: float | timedelta | None = None) -> timed
 
 def ack_and_claim(
     statement: ClaimStatement,
-    claim_token: int,
-    results: dict[Any, Any],
+    ack: Ack | None,
     *,
     pid: str | None = None,
     strategy: str = "auto",
     lease: float | timedelta | None = None,
     after: tuple[Any, ...] | None = None,
 ) -> tuple[int, list[Any]]:
-    """``ack_many`` of one claim's items, then ``claim``: together where the database
-    can (skip_locked: one statement on PostgreSQL, one transaction on MySQL and
-    MariaDB), else one after the other. Returns the number acknowledged and the
-    claimed items."""
+    """``ack_many`` of ``ack`` (one claim's items; None: nothing to acknowledge), then
+    ``claim``: together where the database can (skip_locked: one statement on PostgreSQL,
+    one transaction on MySQL and MariaDB), else one after the other. Returns the number
+    acknowledged and the claimed items."""
     vendor = dialect(statement.connection)
     resolved = vendor.resolve_strategy(strategy, statement.connection)
-    if not (results and resolved == "skip_locked" and vendor.acks_while_claiming):
-        acked = ack_many(statement.model, statement.alias, claim_token, results)
+    if ack is None or not (
+        ack.results and resolved == "skip_locked" and vendor.acks_while_claiming
+    ):
+        acked = 0 if ack is None else ack_many(statement.model, statement.alias, ack)
         return acked, claim(statement, pid=pid, strategy=resolved, lease=lease, after=after)
     values = claim_values(statement, pid, lease, after)
-    ack = ack_statement(statement.model, statement.alias, claim_token, results)
+    bound = ack_statement(statement.model, statement.alias).bind(ack)
     try:
         acked, items = retrying_conflicts(
-            lambda: vendor.ack_and_claim(statement, values, ack), statement.alias
+            lambda: vendor.ack_and_claim(statement, values, bound), statement.alias
         )
     except DatabaseError as exc:
         if statement.connection.in_atomic_block or not vendor.is_transient(exc):
             raise
         # The claim kept losing races, and took the acknowledgement down with it.
-        return ack_many(statement.model, statement.alias, claim_token, results), []
+        return ack_many(statement.model, statement.alias, ack), []
     return acked, sort_items(items, statement.order)
 
 
