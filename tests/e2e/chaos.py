@@ -4,8 +4,8 @@
 
 PostgreSQL and MariaDB get a server of their own (``servers.py``: a temp directory and a
 spare port, never the shared servers), with ``--restart-command`` restarting it in each
-round; SQLite gets a temp file, and kills only. The defaults are the issue's full run:
-20,000 items, 4 consumers, 10 rounds. The command's live progress goes to stderr, its
+round; SQLite gets a temp file, and kills only. The defaults are docs/reliability.md's full
+run: 20,000 items, 4 consumers, 10 rounds. The command's live progress goes to stderr, its
 report to stdout; the exit code is the command's (1 on any violation). CI runs the short
 version (``test_database_restart.py``, ``tests/contrib/test_chaos.py``).
 """
