@@ -252,16 +252,25 @@ PRODUCING = {
 
 def test_the_walks(transactional_db, capsys):
     """docs/architecture.md's walk, as a real enqueue and a real consumer take it: an
-    enqueue stays in the producing rooms, and a consumer never enters the admin, the read
-    side or the producers' facade beyond what it asks of its queues. ``-s`` prints both."""
-    walks = tests_walks.walks()
+    enqueue stays in the producing rooms; a consumer never enters the admin or the read
+    side, and its loop enters each of its modules once per batch. ``-s`` prints them."""
+    walks, per_batch = tests_walks.walks(), tests_walks.entries_per_batch()
     with capsys.disabled():
         for name, walk in walks.items():
             print(f"\n{name}: {len(walk.path())} modules, {len(walk.entered)} entries")
             print("  " + " > ".join(walk.path()))
+        print("\nentries per batch of one item (1.0: once):")
+        for name, entries in sorted(per_batch.items(), key=lambda pair: -pair[1]):
+            if entries >= 0.5:
+                print(f"  {name:28} {entries:5.2f}")
     producing = walks["enqueue"]
     assert set(producing.path()) <= PRODUCING, set(producing.path()) - PRODUCING
     assert producing.path()[0] == "api"
     consuming = set(walks["claim, handle, acknowledge"].path())
     assert {"consumer.worker", "consumer.settle", "store.acks", "store.claims"} <= consuming
     assert not consuming & {"admin", "observe.reads", "observe.chart", "observe.health"}
+    # The loop goes one way: the worker, the settler, the rotation, the claim path, each
+    # entered at most once per batch (the housekeeping thread's timers not at all).
+    loop = ("consumer.worker", "consumer.settle", "consumer.rotation", "consumer.claims")
+    assert {name: per_batch.get(name, 0) for name in loop if per_batch.get(name, 0) > 1} == {}
+    assert per_batch.get("consumer.housekeeping", 0) < 0.5

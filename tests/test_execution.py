@@ -96,8 +96,7 @@ def test_an_atomic_handler_whose_connection_is_lost_is_the_databases_failure():
     assert outcome.lost and outcome.error is not None and outcome.acknowledged is None
     assert not Run.objects.filter(item_id=item.pk).exists()  # reconnected, rolled back
     settler = Settler("default")
-    settler.put([outcome])
-    settler.settle()
+    settler.settle([outcome])
     stored = QueueItem.objects.get(pk=item.pk)
     assert (stored.status, stored.attempts) == (Status.READY, 0)
 

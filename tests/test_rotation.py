@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from django_txqueue import Queue, Status
+from django_txqueue.consumer.claims import Claimer
 from django_txqueue.consumer.rotation import Rotation
 from django_txqueue.consumer.worker import Worker
 from django_txqueue.outbox import QUEUE as OUTBOX
@@ -239,16 +240,16 @@ class ClaimLog:
     def __init__(self, monkeypatch):
         self.names = Counter()
         self.given = []
-        claim_from = Worker._claim_from
+        claim = Claimer.claim
 
-        def counted(worker, station, name, limit):
-            items = claim_from(worker, station, name, limit)
+        def counted(claimer, name):
+            items = claim(claimer, name)
             self.names[name] += 1
             if items:
                 self.given.append(name)
             return items
 
-        monkeypatch.setattr(Worker, "_claim_from", counted)
+        monkeypatch.setattr(Claimer, "claim", counted)
 
 
 def fifty_queues(hot=noop_handler, **options):

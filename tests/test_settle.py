@@ -1,13 +1,11 @@
 """django_txqueue.consumer.settle: what handlers came to, written by the consumer's main thread.
 
 One fenced acknowledgement per claim for the successes, a retry or a failure for each
-error, then the counters and signals; an outcome leaves ``unsettled`` only once the
-database has it.
+error, then the counters and signals, and the next claim in the same call; an outcome
+leaves ``unsettled`` only once the database has it.
 """
 
 import logging
-import threading
-import time
 
 import pytest
 from django.db import DatabaseError, Error, connection
@@ -57,10 +55,10 @@ class TestSuccesses:
         queue.enqueue_many([{"n": n} for n in range(5)])
         claimed = queue.claim(5)
         settler = Settler("default")
-        settler.put([Outcome(item, result={"n": item.payload["n"]}) for item in claimed[:3]])
-        settler.put([Outcome(item, result=None) for item in claimed[3:]])
+        arrived = [Outcome(item, result={"n": item.payload["n"]}) for item in claimed[:3]]
+        arrived += [Outcome(item, result=None) for item in claimed[3:]]
         with CaptureQueriesContext(connection) as queries:
-            settled = settler.settle()
+            settled = settler.settle(arrived)
         assert len(settled) == 5 and settler.unsettled == []
         assert len(acknowledgements(queries)) == 1
         rows = {row.pk: row for row in queue.items.all()}
@@ -79,16 +77,16 @@ class TestSuccesses:
         queue.enqueue_many([{}] * 4)
         first, second = queue.claim(2), queue.claim(2)
         settler = Settler("default")
-        settler.put([Outcome(item) for item in first + second])
+        arrived = [Outcome(item) for item in first + second]
         with CaptureQueriesContext(connection) as queries:
-            settler.settle()
+            settler.settle(arrived)
         assert len(acknowledgements(queries)) == 2
         assert queue.count(status=Status.DONE) == 4
 
     def test_nothing_received_writes_nothing(self, db):
         settler = Settler("default")
         with CaptureQueriesContext(connection) as queries:
-            assert settler.settle() == []
+            assert settler.settle([]) == []
         assert queries.captured_queries == []
 
     def test_a_taken_over_claim_is_refused_logged_and_settled_all_the_same(self, queue, caplog):
@@ -100,9 +98,9 @@ class TestSuccesses:
         assert queue.requeue_stuck() == 1
         [again] = queue.claim(1, pid="second")
         settler = Settler("default")
-        settler.put([Outcome(kept), Outcome(lost)])
+        arrived = [Outcome(kept), Outcome(lost)]
         with caplog.at_level(logging.WARNING, logger="django_txqueue.settle"):
-            assert len(settler.settle()) == 2
+            assert len(settler.settle(arrived)) == 2
         assert "1 of 2 acknowledgements refused: their claims were taken over" in caplog.text
         assert settler.unsettled == []
         assert stored(kept).status == Status.DONE
@@ -113,8 +111,8 @@ class TestSuccesses:
         queue.enqueue_many([{}, {}])
         refused, accepted = queue.claim(2)
         settler = Settler("default")
-        settler.put([Outcome(refused, acknowledged=False), Outcome(accepted, acknowledged=True)])
-        assert len(settler.settle()) == 2
+        arrived = [Outcome(refused, acknowledged=False), Outcome(accepted, acknowledged=True)]
+        assert len(settler.settle(arrived)) == 2
         assert (settler.processed, settler.failed) == (1, 0)
         # The settler writes nothing for either: their handlers' transactions did.
         assert set(queue.items.values_list("status", flat=True)) == {Status.IN_PROGRESS}
@@ -126,8 +124,8 @@ class TestErrors:
         item = queue.enqueue({}, max_attempts=3)
         [claimed] = queue.claim()
         settler = Settler("default")
-        settler.put([failure(ValueError("gateway down"), claimed)])
-        assert settler.settle()[0].item.pk == item.pk
+        arrived = [failure(ValueError("gateway down"), claimed)]
+        assert settler.settle(arrived)[0].item.pk == item.pk
         row = stored(item)
         assert (row.status, row.attempts, row.error_class) == (
             Status.READY,
@@ -142,8 +140,8 @@ class TestErrors:
         item = queue.enqueue({}, max_attempts=1)
         [claimed] = queue.claim()
         settler = Settler("default")
-        settler.put([failure(ValueError("gateway down"), claimed)])
-        settler.settle()
+        arrived = [failure(ValueError("gateway down"), claimed)]
+        settler.settle(arrived)
         row = stored(item)
         assert (row.status, row.error_class) == (Status.FAILED, "builtins.ValueError")
         assert row.finished_at is not None
@@ -152,8 +150,8 @@ class TestErrors:
         item = queue.enqueue({}, max_attempts=5)
         [claimed] = queue.claim()
         settler = Settler("default")
-        settler.put([failure(TypeError("not JSON"), claimed, retry=False)])
-        settler.settle()
+        arrived = [failure(TypeError("not JSON"), claimed, retry=False)]
+        settler.settle(arrived)
         assert (stored(item).status, stored(item).attempts) == (Status.FAILED, 1)
 
     def test_what_the_database_has_leaves_unsettled_the_rest_waits(self, queue, monkeypatch):
@@ -162,7 +160,7 @@ class TestErrors:
         queue.enqueue_many([{}] * 2)
         succeeded, failed = queue.claim(2)
         settler = Settler("default")
-        settler.put([Outcome(succeeded), failure(ValueError("boom"), failed)])
+        arrived = [Outcome(succeeded), failure(ValueError("boom"), failed)]
         retry = store.retry
 
         def broken(*args, **kwargs):
@@ -170,78 +168,70 @@ class TestErrors:
 
         monkeypatch.setattr(store, "retry", broken)
         with pytest.raises(DatabaseError):
-            settler.settle()
+            settler.settle(arrived)
         assert [outcome.item.pk for outcome in settler.unsettled] == [failed.pk]
         assert (settler.processed, settler.failed) == (1, 0)
         assert stored(succeeded).status == Status.DONE
 
         monkeypatch.setattr(store, "retry", retry)
         # The success settled before the break is returned now, with the error.
-        assert [outcome.item.pk for outcome in settler.settle()] == [succeeded.pk, failed.pk]
+        assert [outcome.item.pk for outcome in settler.settle([])] == [succeeded.pk, failed.pk]
         assert settler.unsettled == []
         assert (settler.processed, settler.failed) == (1, 1)
         assert stored(failed).status == Status.READY and "boom" in stored(failed).last_error
 
 
-class TestHeld:
-    """``settle(hold=True)`` leaves one claim's successes for the next claim to acknowledge
-    (``ack_and_claim``); ``acknowledged(count)`` settles them."""
+class TestRiding:
+    """``settle_and_claim``: the settler writes what arrived and claims from its rotation,
+    one claim's successes riding with that claim where the database acknowledges while
+    claiming (the statements: tests/test_hotpath.py)."""
 
-    def test_one_claims_successes_wait_for_the_next_claim(self, queue):
-        queue.enqueue_many([{}] * 3)
+    def settler(self, queue, batch=3):
+        from django_txqueue.consumer.claims import Claimer
+        from django_txqueue.consumer.rotation import Rotation
+        from django_txqueue.db import dialect_for
+
+        rotation = Rotation({queue.name: lambda item: None}, "default")
+        claimer = Claimer(rotation.queues, pid="settler-test")
+        rides = dialect_for("default").acks_while_claiming
+        return Settler("default", rotation=rotation, claimer=claimer, batch=batch, rides=rides)
+
+    def test_successes_are_acknowledged_and_the_next_batch_claimed(self, queue):
+        queue.enqueue_many([{}] * 5)
         claimed = queue.claim(3)
-        settler = Settler("default")
-        settler.put([Outcome(item, result=item.pk) for item in claimed])
-        with CaptureQueriesContext(connection) as queries:
-            assert settler.settle(hold=True) == []
-        assert acknowledgements(queries) == []
-        assert settler.holding == 3
-        held = settler.held_ack()
-        assert held == Ack(claimed[0].claim_token, {item.pk: item.pk for item in claimed})
-        assert queue.count(status=Status.IN_PROGRESS) == 3  # nothing written yet
-
-        acknowledged, _ = queue.claims.ack_and_claim(held, 1)
-        assert [outcome.item.pk for outcome in settler.acknowledged(acknowledged)] == [
-            item.pk for item in claimed
-        ]
-        assert (settler.holding, settler.held_ack(), settler.unsettled) == (0, None, [])
-        assert settler.processed == 3
+        settler = self.settler(queue)
+        arrived = [Outcome(item, result=item.pk) for item in claimed]
+        settled, more = settler.settle_and_claim(arrived, room=0)
+        assert sorted(o.item.pk for o in settled) == sorted(item.pk for item in claimed)
+        assert len(more) == 2  # the room the settled items freed, up to what is left
+        assert settler.unsettled == [] and settler.processed == 3
         assert queue.count(status=Status.DONE) == 3
+        assert {stored(item).result for item in claimed} == {item.pk for item in claimed}
 
-    def test_errors_are_written_at_once_while_successes_are_held(self, queue):
+    def test_errors_are_written_before_the_claim(self, queue):
         queue.enqueue_many([{}] * 2)
         succeeded, failed = queue.claim(2)
-        settler = Settler("default")
-        settler.put([Outcome(succeeded), failure(ValueError("boom"), failed, retry=False)])
-        assert [outcome.item.pk for outcome in settler.settle(hold=True)] == [failed.pk]
-        assert settler.holding == 1
-        assert stored(failed).status == Status.FAILED
-        assert stored(succeeded).status == Status.IN_PROGRESS
+        settler = self.settler(queue)
+        arrived = [Outcome(succeeded), failure(ValueError("boom"), failed, retry=False)]
+        settled, more = settler.settle_and_claim(arrived, room=0)
+        assert {o.item.pk for o in settled} == {succeeded.pk, failed.pk} and more == []
+        assert (stored(failed).status, stored(succeeded).status) == (Status.FAILED, Status.DONE)
 
-    def test_nothing_held_acknowledges_nothing(self, db):
-        settler = Settler("default")
-        assert settler.held_ack() is None
-        assert settler.acknowledged(0) == []
+    def test_no_room_acknowledges_without_claiming(self, queue):
+        queue.enqueue_many([{}] * 3)
+        [item] = queue.claim(1)
+        settler = self.settler(queue, batch=1)
+        settled, more = settler.settle_and_claim([Outcome(item)], room=-1)
+        assert [o.item.pk for o in settled] == [item.pk] and more == []
+        assert stored(item).status == Status.DONE
+        assert queue.count(status=Status.READY) == 2
 
-
-class TestWait:
-    def test_returns_when_an_outcome_arrives(self, queue):
-        item = queue.enqueue({})
-        settler = Settler("default")
-        timer = threading.Timer(0.1, settler.put, [[Outcome(item)]])
-        timer.start()
-        started = time.monotonic()
-        settler.wait(10)
-        assert time.monotonic() - started < 5
-        assert [outcome.item for outcome in settler.unsettled] == [item]
-        timer.join()
-
-    def test_gives_up_after_its_timeout(self, db):
-        settler = Settler("default")
-        started = time.monotonic()
-        settler.wait(0.2)
-        assert 0.15 <= time.monotonic() - started < 5
-        assert settler.unsettled == []
+    def test_settle_alone_claims_nothing(self, queue):
+        queue.enqueue_many([{}] * 3)
+        [item] = queue.claim(1)
+        settled = self.settler(queue).settle([Outcome(item)])
+        assert [o.item.pk for o in settled] == [item.pk]
+        assert queue.count(status=Status.READY) == 2
 
 
 class TestSignals:
@@ -261,14 +251,13 @@ class TestSignals:
         signals.item_failed.connect(on_failed)
         try:
             settler = Settler("default")
-            settler.put(
+            settler.settle(
                 [
                     Outcome(done, result={"sent": 1}, duration=0.5),
                     failure(ValueError("again"), retried),
                     failure(ValueError("never"), failed, retry=False),
                 ]
             )
-            settler.settle()
         finally:
             signals.item_done.disconnect(on_done)
             signals.item_failed.disconnect(on_failed)
@@ -293,9 +282,9 @@ class TestDatabasesFailure:
         outcome = failure(DatabaseError("server closed the connection unexpectedly"), item)
         outcome.lost = True
         settler = Settler("default")
-        settler.put([outcome])
+        arrived = [outcome]
         with caplog.at_level(logging.WARNING, logger="django_txqueue.settle"):
-            assert settler.settle() == [outcome]
+            assert settler.settle(arrived) == [outcome]
         row = stored(item)
         assert (row.status, row.attempts, row.last_error) == (Status.READY, 0, "")
         assert queue.claim(1)[0].pk == item.pk  # no retry delay
@@ -310,9 +299,9 @@ class TestDatabasesFailure:
         outcome = failure(DatabaseError("server closed the connection unexpectedly"), item)
         outcome.lost = True
         settler = Settler("default")
-        settler.put([outcome])
+        arrived = [outcome]
         with caplog.at_level(logging.WARNING, logger="django_txqueue.settle"):
-            settler.settle()
+            settler.settle(arrived)
         row = stored(item)
         assert (row.status, row.attempts, row.result) == (Status.DONE, 1, "kept")
         assert "settled meanwhile" in caplog.text
@@ -326,8 +315,8 @@ class TestDatabasesFailure:
         queue.enqueue_many([{}] * 4)
         first, second = queue.claim(2), queue.claim(2)
         settler = Settler("default")
-        settler.put([Outcome(item) for item in first])
-        settler.put([Outcome(item) for item in second])
+        arrived = [Outcome(item) for item in first]
+        arrived += [Outcome(item) for item in second]
         acks = []
 
         def break_before_the_second_ack(execute, sql, params, many, context):
@@ -338,11 +327,11 @@ class TestDatabasesFailure:
             return execute(sql, params, many, context)
 
         with connection.execute_wrapper(break_before_the_second_ack), pytest.raises(Error):
-            settler.settle()
+            settler.settle(arrived)
         drop_connection("default")  # what the consumer does before its next turn
         assert {stored(item).status for item in first} == {Status.DONE}
 
-        returned = settler.settle()
+        returned = settler.settle([])
         assert sorted(o.item.pk for o in returned) == sorted(i.pk for i in first + second)
-        assert settler.settle() == [] and settler.unsettled == []
+        assert settler.settle([]) == [] and settler.unsettled == []
         assert {row.status for row in queue.items.all()} == {Status.DONE}

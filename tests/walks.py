@@ -105,3 +105,28 @@ def walks() -> dict[str, Walk]:
     finally:
         registry.unregister(queue)
     return {"enqueue": producing, "claim, handle, acknowledge": consuming}
+
+
+def entries_per_batch(few: int = 20, many: int = 60) -> dict[str, float]:
+    """How often a consumer enters each module per batch of one item, start-up and
+    shutdown left out: the entries of a burst drain of ``many`` items less those of one of
+    ``few``, over the difference. A module the walk goes through once per batch enters
+    1.0; more is control handed back and forth. Timers (the heartbeat) count too, so a
+    slow machine may show a little of them."""
+    from django_txqueue import enqueue_many
+    from django_txqueue.consumer import registry
+    from django_txqueue.consumer.worker import Worker
+
+    queue = "walk-batches"
+    registry.handler(queue)(lambda item: None)
+    try:
+        counts = []
+        for items in (few, few, many):  # the first run warms up, uncounted
+            enqueue_many(queue, [{}] * items)
+            with walking() as walk:
+                Worker({queue: registry.handlers()[queue]}, batch=1, burst=True).run()
+            counts.append(Counter(walk.entered))
+    finally:
+        registry.unregister(queue)
+    fewer, more = counts[1], counts[2]
+    return {name: (more[name] - fewer[name]) / (many - few) for name in more | fewer}

@@ -33,6 +33,7 @@ from ..models import QueuePause
 from ..store import fairness
 
 if TYPE_CHECKING:
+    from ..api import Queue
     from ..db.acks import Ack
     from ..models import QueueItem, QueueItemQuerySet
 
@@ -167,3 +168,38 @@ class Resume:
             self.point = None  # at the queue's tail: the next claim reads from the head
         else:
             self.point = self.key(items[-1])
+
+
+class Claimer:
+    """A consumer's claims of its queues on one database (``queues``, by name, which may
+    grow): each queue's ``Resume``, made on first use. A turn sets ``limit`` and ``ride``,
+    the acknowledgement the turn's first claim carries; ``claim(name)`` then claims, and
+    ``acknowledged`` says how many of ``ride``'s items it accepted (``ride`` is None once
+    carried)."""
+
+    def __init__(
+        self,
+        queues: dict[str, Queue],
+        *,
+        pid: str,
+        strategy: str = "auto",
+        lease: float | timedelta | None = None,
+    ) -> None:
+        self.queues = queues
+        self.options: dict[str, Any] = {"pid": pid, "strategy": strategy, "lease": lease}
+        self.resumes: dict[str, Resume] = {}
+        self.limit = 0
+        self.ride: Ack | None = None
+        self.acknowledged: int | None = None
+
+    def claim(self, name: str) -> list[QueueItem]:
+        """Up to ``limit`` of queue ``name``'s due items, carrying ``ride`` if no claim of
+        this turn has yet."""
+        resume = self.resumes.get(name)
+        if resume is None:
+            resume = self.resumes[name] = Resume(self.queues[name].claims)
+        ack, self.ride = self.ride, None
+        acknowledged, items = resume.ack_and_claim(ack, self.limit, **self.options)
+        if ack is not None:
+            self.acknowledged = acknowledged
+        return items

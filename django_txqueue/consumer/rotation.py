@@ -64,6 +64,9 @@ class Rotation:
         self.idle: dict[str, float] = {}
         # The last ``first_to_give`` passed over an idle queue: it did not claim from all.
         self.passed_over = False
+        # Queues found with ready items and a handler (``discover_new``), until the
+        # consumer takes note of them.
+        self.found: list[str] = []
         # Given the queue names, those with due items (one statement); None: no look.
         self.probe = probe
         # Queues not known to have work or not, to look at before claiming (with a probe).
@@ -76,9 +79,15 @@ class Rotation:
         calls, which their committing process runs."""
         return [name for name in self.queues if name != outbox.QUEUE]
 
-    def first_to_give(self, claim: Callable[[str], list[T]]) -> list[T]:
-        """``claim(name)`` from the queues in turn, idle ones passed over, until one gives
-        items; returns them."""
+    def first_to_give(
+        self, claim: Callable[[str], list[T]], *, woken: Iterable[str] = ()
+    ) -> list[T]:
+        """``claim(name)`` from the queues in turn, idle ones passed over (but those
+        ``woken``), until one gives items; returns them."""
+        if woken:
+            self.wake(woken)
+        if self.discover is not None:
+            self.found += self.discover_new()
         now = time.monotonic()
         outbox_due = now >= self._outbox_due
         if outbox_due and (items := self._claim_outbox(claim)):

@@ -1,11 +1,13 @@
 """Settling what handlers came to: one fenced acknowledgement per claim for the
-successes, a retry or a failure for each error, then the signals and counters.
+successes, a retry or a failure for each error, then the signals and counters; and, in the
+same call, the next claim, which carries a claim's successes where the database allows.
 
-Handler threads ``put`` outcomes; the consumer's main thread calls ``settle()``, so
-every write happens on one thread and connection. An outcome leaves ``unsettled``
-only once the database has it: after a lost connection the rest is settled on a
-later turn, and what was settled before the error is returned by that later call (the
-consumer's in-flight list forgets an item only when told it is settled).
+The consumer's main thread calls ``settle_and_claim()`` once per turn with the outcomes its
+handler threads handed over, so every write happens on one thread and connection, and a
+turn goes one way: the worker, the settler, the rotation's choice of queue, the claim.
+An outcome leaves ``unsettled`` only once the database has it: after a lost connection the
+rest is settled on a later turn, and what was settled before the error is returned by that
+later call (the consumer's in-flight list forgets an item only when told it is settled).
 
 An outcome the database failed (``Outcome.lost``: a lost connection, a refused
 transaction) is released: READY again at once, no attempt counted.
@@ -13,9 +15,8 @@ transaction) is released: READY again at once, no attempt counted.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
+from typing import TYPE_CHECKING
 
 from .. import signals, store
 from ..models import QueueItem
@@ -23,6 +24,10 @@ from ..observe import metrics
 from ..observe.logs import about
 from ..status import Status
 from .execution import Outcome
+
+if TYPE_CHECKING:
+    from .claims import Claimer
+    from .rotation import Rotation
 
 # The logger name docs/tracing.md documents (and LOGGING settings name), kept from before
 # this module moved into consumer/.
@@ -35,38 +40,44 @@ def acknowledgement(token: int, group: list[Outcome]) -> store.Ack:
 
 
 class Settler:
-    def __init__(self, using: str) -> None:
+    """Settles one database's outcomes; with a ``rotation`` and its ``claimer``, claims
+    there too, up to ``batch`` items a turn, one claim's successes riding with the claim
+    where ``rides`` (the database acknowledges while claiming)."""
+
+    def __init__(
+        self,
+        using: str,
+        *,
+        rotation: Rotation | None = None,
+        claimer: Claimer | None = None,
+        batch: int = 1,
+        rides: bool = False,
+    ) -> None:
         self.using = using
-        self.outcomes: queue.SimpleQueue[list[Outcome]] = queue.SimpleQueue()
+        self.rotation = rotation
+        self.claimer = claimer
+        self.batch = batch
+        self.rides = rides
         self.unsettled: list[Outcome] = []
-        # One claim's successes, left for the next claim to acknowledge (``settle(hold=True)``).
-        self.held: tuple[int, list[Outcome]] | None = None
-        # Settled, not yet returned: a later step of the same ``settle()`` raised.
+        # Settled, not yet returned: a later step of the same call raised.
         self.settled: list[Outcome] = []
         self.processed = 0
         self.failed = 0
 
-    def put(self, outcomes: list[Outcome]) -> None:
-        """Hand over outcomes (from any thread)."""
-        self.outcomes.put(outcomes)
+    def settle(self, arrived: list[Outcome]) -> list[Outcome]:
+        """Write what ``arrived`` (and what an earlier call could not write) came to;
+        returns the outcomes now settled. Claims nothing (a consumer that stops)."""
+        return self.settle_and_claim(arrived, room=None)[0]
 
-    def wait(self, timeout: float) -> None:
-        """Block until an outcome arrives, at most ``timeout`` seconds."""
-        with contextlib.suppress(queue.Empty):
-            self.unsettled += self.outcomes.get(timeout=timeout)
-
-    def settle(self, *, hold: bool = False) -> list[Outcome]:
-        """Write every outcome received so far; returns those now settled (and those
-        settled before an earlier call raised).
-
-        With ``hold``, one claim's successes are left unwritten as ``held``, for their
-        acknowledgement to ride with the next claim (``acknowledged`` settles them).
-        """
-        while True:
-            try:
-                self.unsettled += self.outcomes.get_nowait()
-            except queue.Empty:
-                break
+    def settle_and_claim(
+        self, arrived: list[Outcome], *, room: int | None
+    ) -> tuple[list[Outcome], list[QueueItem]]:
+        """Write what ``arrived`` came to, and claim up to ``room`` more items than the
+        acknowledged successes free (at most ``batch``) from the rotation's queues: one
+        claim's successes ride with that claim (``room`` None: no claim). Returns the
+        outcomes now settled (and those settled before an earlier call raised) and the
+        claimed items."""
+        self.unsettled += arrived
         by_claim: dict[int, list[Outcome]] = {}
         already: list[Outcome] = []  # acknowledged (or refused) by an atomic handler
         errors: list[Outcome] = []
@@ -77,13 +88,14 @@ class Settler:
                 by_claim.setdefault(outcome.item.claim_token or 0, []).append(outcome)
             else:
                 already.append(outcome)
-        self.held = by_claim.popitem() if hold and by_claim else None
+        claiming = room is not None and self.claimer is not None and self.rotation is not None
+        riding = by_claim.popitem() if claiming and self.rides and by_claim else None
         settled: list[Outcome] = []
+        claimed: list[QueueItem] = []
         try:
             for token, group in by_claim.items():
-                self._report_refused(
-                    store.ack_many(QueueItem, self.using, acknowledgement(token, group)), group
-                )
+                ack = acknowledgement(token, group)
+                self._report_refused(store.ack_many(QueueItem, self.using, ack), group)
                 settled += group
             settled += already
             for outcome in errors:
@@ -93,29 +105,40 @@ class Settler:
                     self._fail(outcome)
                 settled.append(outcome)
         finally:
-            self._settled(settled)
-        return self._take_settled()
+            self._settled(settled)  # signals sent before the claim, which may retake an item
+        if claiming:
+            assert room is not None  # noqa: S101 - claiming says so
+            claimed = self._claim(room, riding, settled)
+            if riding is not None:
+                self._settled(riding[1])
+        taken, self.settled = self.settled, []
+        return taken, claimed
 
-    @property
-    def holding(self) -> int:
-        """How many successes are held for the next claim to acknowledge."""
-        return len(self.held[1]) if self.held else 0
-
-    def held_ack(self) -> store.Ack | None:
-        """The held successes' acknowledgement, for the next claim to carry; None if none."""
-        if self.held is None:
-            return None
-        return acknowledgement(*self.held)
-
-    def acknowledged(self, count: int) -> list[Outcome]:
-        """The held successes were acknowledged (``count`` of them accepted): settle them."""
-        if self.held is None:
-            return []
-        group = self.held[1]
-        self.held = None
-        self._report_refused(count, group)
-        self._settled(group)
-        return self._take_settled()
+    def _claim(
+        self, room: int, riding: tuple[int, list[Outcome]] | None, settled: list[Outcome]
+    ) -> list[QueueItem]:
+        """Claim from the rotation's queues, ``room`` items besides those this call settled,
+        ``riding`` (a claim's successes) carried by the first claim made, or acknowledged on
+        their own if none is. The queues of the items settled are claimed from again: an
+        ordered queue's next item, or a released one, may be claimable now."""
+        assert self.rotation is not None and self.claimer is not None  # noqa: S101
+        claimer, ack = self.claimer, None if riding is None else acknowledgement(*riding)
+        # The items settled, and those riding, are finished: their room is free.
+        limit = min(self.batch, room + len(settled) + (len(riding[1]) if riding else 0))
+        woken = {outcome.item.queue for outcome in settled} if self.rotation.idle else ()
+        claimed: list[QueueItem] = []
+        if limit > 0:
+            claimer.limit, claimer.ride, claimer.acknowledged = limit, ack, None
+            claimed = self.rotation.first_to_give(claimer.claim, woken=woken)
+            ack = claimer.ride  # still here: no claim was made to carry it
+        elif woken:
+            self.rotation.wake(woken)
+        if riding is not None:
+            accepted = claimer.acknowledged
+            if ack is not None:
+                accepted = store.ack_many(QueueItem, self.using, ack)
+            self._report_refused(accepted or 0, riding[1])
+        return claimed
 
     def _settled(self, settled: list[Outcome]) -> None:
         """What the database has leaves ``unsettled`` (even when a later write fails)."""
@@ -128,10 +151,6 @@ class Settler:
         self._count(settled)
         if metrics.recorder is not None:  # --metrics-port: once per batch
             metrics.recorder.settled(settled)
-
-    def _take_settled(self) -> list[Outcome]:
-        taken, self.settled = self.settled, []
-        return taken
 
     @staticmethod
     def _report_refused(acknowledged: int, group: list[Outcome]) -> None:

@@ -1,13 +1,15 @@
 """The consumer loop: claim, hand to handler threads, settle; stop gracefully.
 
-The main thread claims and settles: per batch, a claim and one fenced acknowledgement
-of the batch's successes, which rides with the next claim where that saves a round
-trip or a commit (PostgreSQL: one statement; MySQL and MariaDB: one transaction).
-Handlers run on ``concurrency`` threads, so the main thread stays free to enforce the
-shutdown timeout; with more than one, the next batch is claimed while one runs. The
-``Housekeeping`` thread keeps the Consumer row, the leases and rescues; ``Settler``
-writes outcomes. No SQL here, no argument parsing, no printing: the command does
-those and hears about progress through a callback and logging.
+Each turn goes one way, per database (``_serve``): the outcomes the handler threads handed
+over go to the ``Settler``, which writes them and claims the next batch in the same call
+(through the ``Rotation``'s choice of queue and the ``Claimer``), one fenced
+acknowledgement of a batch's successes riding with that claim where that saves a round
+trip or a commit (PostgreSQL: one statement; MySQL and MariaDB: one transaction); the
+claimed items go to the handler threads. Handlers run on ``concurrency`` threads, so the
+main thread stays free to enforce the shutdown timeout; with more than one, the next batch
+is claimed while one runs. The ``Housekeeping`` thread keeps the Consumer row, the leases
+and rescues. No SQL here, no argument parsing, no printing: the command does those and
+hears about progress through a callback and logging.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from ..observe import metrics
 from ..observe.logs import forget_queries, one_line
 from ..store.backoff import RECONNECT_MAX_PAUSE, jittered, next_pause
 from . import registry
-from .claims import Resume
+from .claims import Claimer
 from .execution import Outcome, close_broken_connections, close_if_broken, drop_connection, runner
 from .housekeeping import Housekeeping
 from .rotation import Rotation
@@ -57,15 +59,20 @@ class Progress:
 
 @dataclass
 class Station:
-    """One database a consumer serves: its queues in turn (``Rotation``), where their
-    claims resume, its settler, and (made by ``Worker.run()``) its housekeeping thread."""
+    """One database a consumer serves: its queues in turn (``Rotation``), its claims of
+    them (``Claimer``), its settler, the outcomes its handler threads hand over, and
+    (made by ``Worker.run()``) its housekeeping thread."""
 
     alias: str
     rotation: Rotation
     settler: Settler
-    acks_while_claiming: bool
-    resumes: dict[str, Resume] = field(default_factory=dict)
+    arrived: queue_module.SimpleQueue[list[Outcome]] = field(
+        default_factory=queue_module.SimpleQueue
+    )
     housekeeping: Housekeeping | None = None
+    # Whether its last turn had room to claim, so that its settler claimed (a burst run
+    # ends only after a turn in which every station claimed, and nothing was given).
+    had_room: bool = False
     # After its database failed: the pause before the next try, and when that is due
     # (monotonic); the other stations go on meanwhile.
     backoff: float = 0.0
@@ -97,23 +104,6 @@ class Worker:
         progress_interval: float = 5.0,
         discover: Callable[[str], registry.Handler | None] | None = None,
     ) -> None:
-        placed = {using: list(handlers)} if isinstance(using, str) else using
-        self.stations = {
-            alias: Station(
-                alias,
-                Rotation(
-                    {name: handlers[name] for name in names},
-                    alias,
-                    discover,
-                    probe=partial(store.queues_with_due_items, QueueItem, alias),
-                ),
-                Settler(alias),
-                dialect_for(alias).acks_while_claiming,
-            )
-            for alias, names in placed.items()
-        }
-        self.using = next(iter(self.stations))  # the first database, where one is meant
-        self._first_station = 0  # the station to claim from first, in turn
         self.concurrency = concurrency
         self.batch = batch or concurrency
         # With several handler threads the next batch is claimed while one runs, so that
@@ -121,14 +111,21 @@ class Worker:
         self.capacity = self.batch * (2 if concurrency > 1 else 1)
         self.strategy = strategy
         self.lease = lease
+        # Its own identity, even beside another Worker in this process: one Consumer row each.
+        self.identity = store.new_identity()
+        placed = {using: list(handlers)} if isinstance(using, str) else using
+        self.stations = {
+            alias: self._station(alias, {name: handlers[name] for name in names}, discover)
+            for alias, names in placed.items()
+        }
+        self.using = next(iter(self.stations))  # the first database, where one is meant
+        self._first_station = 0  # the station to claim from first, in turn
         self.burst = burst
         self.shutdown_timeout = (
             conf.get("SHUTDOWN_TIMEOUT") if shutdown_timeout is None else shutdown_timeout
         )
         self.on_progress = on_progress
         self.progress_interval = progress_interval
-        # Its own identity, even beside another Worker in this process: one Consumer row each.
-        self.identity = store.new_identity()
         self.stopping = threading.Event()
         self.in_flight = InFlight()
         self._outcomes_arrived = threading.Event()
@@ -142,6 +139,28 @@ class Worker:
         # change checks its own connections before its next item.
         self._database_errors = 0
         self._local = threading.local()
+
+    def _station(
+        self,
+        alias: str,
+        handlers: dict[str, registry.Handler],
+        discover: Callable[[str], registry.Handler | None] | None,
+    ) -> Station:
+        """Database ``alias``'s station: its rotation of ``handlers``' queues, its claims
+        of them, and its settler, which claims after settling."""
+        probe = partial(store.queues_with_due_items, QueueItem, alias)
+        rotation = Rotation(handlers, alias, discover, probe=probe)
+        claimer = Claimer(
+            rotation.queues, pid=self.identity, strategy=self.strategy, lease=self.lease
+        )
+        settler = Settler(
+            alias,
+            rotation=rotation,
+            claimer=claimer,
+            batch=self.batch,
+            rides=dialect_for(alias).acks_while_claiming,
+        )
+        return Station(alias, rotation, settler)
 
     @property
     def rotation(self) -> Rotation:
@@ -231,8 +250,6 @@ class Worker:
         forget_queries()
         now = time.monotonic()
         stations = [s for s in self.stations.values() if s.down_until <= now]
-        for station in stations:
-            self._on_database(station, self._settle)
         if any(station.rotation.idle for station in stations):
             # Idle queues cost no claim until a wake-up names them: a look, not a wait.
             paused = frozenset(s.alias for s in self.stations.values() if s.down_until > now)
@@ -241,7 +258,7 @@ class Worker:
         first = self._first_station % len(stations) if stations else 0
         # In turn, so that one database cannot take all the room.
         for position, station in enumerate(stations[first:] + stations[:first], first):
-            if self._on_database(station, self._claim_for):
+            if self._on_database(station, self._serve):
                 claimed = True
                 self._first_station = (position + 1) % len(stations)
         down = {s.alias: s.down_until for s in self.stations.values() if s.down_until > now}
@@ -252,6 +269,8 @@ class Worker:
             self._outcomes_arrived.clear()
         elif self.burst and not down:
             # Done only after a turn that claimed from every queue, idle ones too.
+            if not all(station.had_room for station in stations):
+                return True  # a station had no room when it came: its turn again
             if not any(station.rotation.passed_over for station in stations):
                 return False
             self._wake(None)
@@ -264,17 +283,33 @@ class Worker:
             self._idle_wait = min(self._idle_wait * 2, conf.get("POLL_INTERVAL"))
         return True
 
+    def _serve(self, station: Station) -> bool:
+        """``station``'s turn, one way down: its housekeeping started (once), what its
+        handlers came to settled, and the next batch claimed in the same stroke (the
+        settler claims, so that a batch's acknowledgement rides with the claim); the
+        claimed items go to the handler threads. True if it claimed items."""
+        housekeeping = station.housekeeping
+        assert housekeeping is not None  # noqa: S101 - made by run()
+        if housekeeping.consumer.pk is None:
+            housekeeping.start()
+        arrived = take_all(station.arrived)
+        room = self.capacity - len(self.in_flight)
+        station.had_room = room + len(arrived) > 0  # what arrived frees its room
+        if not (arrived or room > 0 or station.settler.unsettled):
+            return False  # nothing to write, no room to claim
+        settled, claimed = station.settler.settle_and_claim(arrived, room=room)
+        self.in_flight.remove(settled)
+        if found := station.rotation.found:  # new queues: their wake-ups concern us now
+            self.waiter.queues.update(found)
+            found.clear()
+        if claimed:
+            self._dispatch(claimed)
+        return bool(claimed)
+
     def _wake(self, names: set[str] | None) -> None:
         """Claim from these idle queues again (None: every queue), on any database."""
         for station in self.stations.values():
             station.rotation.wake(names)
-
-    def _settled(self, station: Station, outcomes: list[Outcome]) -> None:
-        """Settled items leave the in-flight list, and their queues are claimed from
-        again: an ordered queue's next item, or a released one, may be claimable now."""
-        self.in_flight.remove(outcomes)
-        if outcomes and station.rotation.idle:
-            station.rotation.wake({outcome.item.queue for outcome in outcomes})
 
     def _on_database(self, station: Station, step: Callable[[Station], bool | None]) -> bool:
         """``step(station)``; a lost connection to its database pauses that station
@@ -287,45 +322,6 @@ class Worker:
             return False
         station.backoff = 0.0
         return done
-
-    def _settle(self, station: Station) -> None:
-        """Start ``station``'s housekeeping (once), look for new queues there, and write what
-        its handlers came to; where it saves a round trip or a commit, the successes'
-        acknowledgement is held to ride with the next claim."""
-        assert station.housekeeping is not None  # noqa: S101 - made by run()
-        station.housekeeping.start()
-        for name in station.rotation.discover_new():
-            self.waiter.queues.add(name)
-        self._settled(station, station.settler.settle(hold=station.acks_while_claiming))
-
-    def _claim_for(self, station: Station) -> bool:
-        """Claim from ``station``'s queues if there is room; True if it gave items."""
-        settler = station.settler
-        # Held successes are finished: their room is free, whichever station holds them
-        # (one that cannot ride with this claim is written on its own below).
-        held = sum(other.settler.holding for other in self.stations.values())
-        free = min(self.batch, self.capacity - len(self.in_flight) + held)
-        claimed = self._claim(station, free) if free > 0 else []
-        if settler.holding:  # no claim ran to take it
-            self._settled(station, settler.settle())
-        if claimed:
-            self._dispatch(claimed)
-        return bool(claimed)
-
-    def _claim(self, station: Station, limit: int) -> list[QueueItem]:
-        """Claim from ``station``'s queues in its rotation's order (``Rotation``)."""
-        return station.rotation.first_to_give(lambda name: self._claim_from(station, name, limit))
-
-    def _claim_from(self, station: Station, name: str, limit: int) -> list[QueueItem]:
-        queue, held = station.rotation.queues[name], station.settler.held_ack()
-        if name not in station.resumes:
-            station.resumes[name] = Resume(queue.claims)
-        acknowledged, items = station.resumes[name].ack_and_claim(
-            held, limit, pid=self.identity, strategy=self.strategy, lease=self.lease
-        )
-        if held is not None:
-            self._settled(station, station.settler.acknowledged(acknowledged))
-        return items
 
     def _dispatch(self, items: list[QueueItem]) -> None:
         """Hand the items to the handler threads, in one share per thread, so that a
@@ -358,7 +354,7 @@ class Worker:
             self._report(station, outcomes)  # the share at once: one acknowledgement
 
     def _report(self, station: Station, outcomes: list[Outcome]) -> None:
-        station.settler.put(outcomes)
+        station.arrived.put(outcomes)
         self._outcomes_arrived.set()
 
     def _recover(self, station: Station, exc: DatabaseError) -> None:
@@ -432,7 +428,7 @@ class Worker:
                 self._outcomes_arrived.wait(timeout=min(0.2, max(deadline - time.monotonic(), 0)))
                 self._outcomes_arrived.clear()
                 for station in self.stations.values():
-                    self.in_flight.remove(station.settler.settle())
+                    self.in_flight.remove(station.settler.settle(take_all(station.arrived)))
             if len(self.in_flight):
                 logger.warning(
                     "shutdown timeout: %d items left IN_PROGRESS for rescue", len(self.in_flight)
@@ -446,6 +442,16 @@ class Worker:
             self.waiter.close()
             connections.close_all()
             logger.info("consumer %s stopped", self.identity)
+
+
+def take_all(arrived: queue_module.SimpleQueue[list[Outcome]]) -> list[Outcome]:
+    """Every outcome handed over so far, without waiting."""
+    taken: list[Outcome] = []
+    while True:
+        try:
+            taken += arrived.get_nowait()
+        except queue_module.Empty:
+            return taken
 
 
 class InFlight:
