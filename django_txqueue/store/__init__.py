@@ -23,16 +23,14 @@ from ..db.acks import Ack
 from .acks import (
     ack,
     ack_many,
-    defer_computed,
     fail,
     mark_done,
     now_plus,
     release,
     retry,
-    unless_cancelled,
 )
 from .claims import ack_and_claim, claim, claim_values, lease_of, queues_with_due_items
-from .conflicts import TRANSIENT_RETRIES, delete_retrying, retrying_conflicts, update_retrying
+from .conflicts import TRANSIENT_RETRIES, retrying_conflicts
 from .consumers import (
     ConsumerIdentity,
     beat,
@@ -44,25 +42,16 @@ from .consumers import (
 )
 from .control import cancel, cancel_item, pause, resume
 from .items import (
-    DEDUP_INSERT_ATTEMPTS,
     enqueue,
     enqueue_tick,
     insert,
-    insert_many,
-    insert_new,
-    insert_unique,
-    lock_and_count,
-    lock_bound,
     record_effect,
     trim_ticks,
-    unfinished_twin,
 )
 from .upkeep import (
-    PURGE_BATCH,
     PURGE_LOCK,
     delete_all,
     delete_finished,
-    delete_in_batches,
     fail_many,
     purge,
     purge_effects,
@@ -76,8 +65,6 @@ from .upkeep import (
 __all__ = [
     "TRANSIENT_RETRIES",
     "retrying_conflicts",
-    "update_retrying",
-    "delete_retrying",
     "new_identity",
     "ConsumerIdentity",
     "consumer_identity",
@@ -85,15 +72,8 @@ __all__ = [
     "beat",
     "stop",
     "delete_consumers",
-    "DEDUP_INSERT_ATTEMPTS",
     "enqueue",
-    "unfinished_twin",
-    "lock_and_count",
-    "lock_bound",
-    "insert_new",
     "insert",
-    "insert_many",
-    "insert_unique",
     "record_effect",
     "enqueue_tick",
     "trim_ticks",
@@ -109,10 +89,7 @@ __all__ = [
     "retry",
     "fail",
     "release",
-    "unless_cancelled",
     "now_plus",
-    "defer_computed",
-    "PURGE_BATCH",
     "PURGE_LOCK",
     "renew_leases",
     "rescue",
@@ -123,7 +100,6 @@ __all__ = [
     "release_lost",
     "purge",
     "purge_effects",
-    "delete_in_batches",
     "try_lock",
     "cancel",
     "cancel_item",
