@@ -129,7 +129,7 @@ class QueueNameFilter(admin.SimpleListFilter):
         # Every queue with items, as the filter promises. No index is led by the queue
         # over every row (the unique dedup constraint is on active_dedup_queue), so at a
         # million rows this reads the table once per name: the Prometheus scrape lists
-        # known names instead (monitoring.known_queue_names).
+        # known names instead (reads.known_queue_names).
         names = dialect_for(QueueItem.objects.db).distinct_values(QueueItem.objects.all(), "queue")
         return [(name, name) for name in names]
 

@@ -3,7 +3,7 @@
 Every host computes the same ticks for an entry: a CRON entry's are the times its
 expression gives in ``TIME_ZONE`` (cronsim, which treats daylight-saving changes as
 Debian's cron does); an EVERY entry's are the multiples of EVERY seconds since the Unix
-epoch. A consumer's liveness thread runs a ``Scheduler`` for the entries of the queues it
+epoch. A consumer's housekeeping thread runs a ``Scheduler`` for the entries of the queues it
 serves on its database: each look enqueues every tick since its previous one, in one
 transaction with the tick's ``ScheduleTick`` row, whose unique (name, tick) lets one
 consumer only enqueue it (``store.enqueue_tick``); no consumer leads. At a consumer's
@@ -241,7 +241,7 @@ def last_ticks(using: str, names: Collection[str]) -> dict[str, datetime]:
 
 class Scheduler:
     """The entries one consumer enqueues on database ``using``: those of the queues it
-    serves there. Run by its liveness thread, which calls ``look`` when it says."""
+    serves there. Run by its housekeeping thread, which calls ``look`` when it says."""
 
     def __init__(self, using: str) -> None:
         self.using = using

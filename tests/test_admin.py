@@ -1,7 +1,7 @@
 """The admin pages through Django's test client: pages, filters, search, actions, the
 stuck page and its rescue, the dashboard, permissions, escaping and query counts.
 
-The read model behind the stuck page and the dashboard is in test_monitoring.py."""
+The read model behind the stuck page and the dashboard is in test_reads.py."""
 
 import datetime as dt
 

@@ -22,7 +22,7 @@ from django_txqueue.store import Ack
 from django_txqueue.tasks.backend import TASKS_FRAMEWORK, ItemCancelled
 from tests.helpers import FAST, expire, running, wait_for
 from tests.test_admin import DASHBOARD, ITEMS, act, item_page, message, queue_rows, shown, staff
-from tests.test_housekeeping import liveness
+from tests.test_housekeeping import housekeeping
 from tests.testapp.models import Thing
 
 LONG = 600  # a lease no test outlives
@@ -117,12 +117,12 @@ def test_the_handler_learns_of_a_request_with_the_lease_renewal_not_per_call(
     request_cancel(asked)
     with django_assert_num_queries(0):
         assert not asked.cancel_requested()  # polled as often as it likes: no query
-    thread = liveness(queue.name, held=lambda: [(asked, None), (other, None)])
+    thread = housekeeping(queue.name, held=lambda: [(asked, None), (other, None)])
     with django_assert_num_queries(1):
         thread._read_cancel_requests()  # one read for every held item
     assert asked.cancel_requested() and not other.cancel_requested()
     with django_assert_num_queries(0):
-        liveness(queue.name)._read_cancel_requests()  # nothing held, nothing read
+        housekeeping(queue.name)._read_cancel_requests()  # nothing held, nothing read
 
 
 def test_a_stale_claim_learns_nothing(queue):
@@ -134,7 +134,7 @@ def test_a_stale_claim_learns_nothing(queue):
     assert queue.requeue_stuck() == 1
     [current] = claimed(queue)
     request_cancel(current)
-    liveness(queue.name, held=lambda: [(stale, None)])._read_cancel_requests()
+    housekeeping(queue.name, held=lambda: [(stale, None)])._read_cancel_requests()
     assert not stale.cancel_requested()
 
 
@@ -406,10 +406,10 @@ class TestUnderAConsumer:
 
 
 def test_fast_consumers_poll_the_requests_often(settings):
-    """The liveness tick (HEARTBEAT_INTERVAL, or a third of the shortest lease) is what
+    """The housekeeping tick (HEARTBEAT_INTERVAL, or a third of the shortest lease) is what
     the consumer tests above rely on to see a request quickly."""
     settings.TXQUEUE = {**settings.TXQUEUE, **FAST}
-    assert liveness("a")._tick() <= 0.1
+    assert housekeeping("a")._tick() <= 0.1
 
 
 # -- purge ---------------------------------------------------------------------------------

@@ -27,10 +27,10 @@ from tests.testapp.models import Run
 OLD = dt.timedelta(days=10)
 
 
-def liveness(
+def housekeeping(
     *queues, held=list, counters=lambda: (0, 0), lease=None, on_database_error=lambda: None
 ):
-    """The liveness thread of a consumer of ``queues`` (not started), holding ``held()``
+    """The housekeeping thread of a consumer of ``queues`` (not started), holding ``held()``
     ((item, monotonic time its handler started or None) pairs)."""
     return Housekeeping(
         Consumer(identity=store.new_identity(), host="test", os_pid=os.getpid(), queues=[*queues]),
@@ -57,7 +57,7 @@ def lease_left(item):
 @pytest.mark.django_db(transaction=True)
 class TestConsumerRow:
     def test_start_registers_the_row_once_and_stop_marks_it_stopped_with_the_counts(self):
-        thread = liveness("a", "b", counters=lambda: (7, 2))
+        thread = housekeeping("a", "b", counters=lambda: (7, 2))
         thread.stopping.set()  # the thread ends at once: only the row is under test here
         thread.start()
         thread.start()  # started already: no second row, no second thread
@@ -71,7 +71,7 @@ class TestConsumerRow:
         assert not Consumer.objects.alive().exists()
 
     def test_a_thread_never_started_writes_nothing_when_stopped(self):
-        liveness("a").stop()
+        housekeeping("a").stop()
         assert not Consumer.objects.exists()
 
     def test_each_heartbeat_writes_the_counts_and_the_queues_served_now(self, settings):
@@ -124,7 +124,9 @@ class TestConsumerRow:
 
         monkeypatch.setattr(store, "beat", flaky_beat)
         errors = []
-        thread = liveness("a", counters=lambda: (5, 0), on_database_error=lambda: errors.append(1))
+        thread = housekeeping(
+            "a", counters=lambda: (5, 0), on_database_error=lambda: errors.append(1)
+        )
         with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.housekeeping"):
             thread.start()
             try:
@@ -144,11 +146,11 @@ class TestTick:
             "LEASE": 60,
             "QUEUES": {"short": {"LEASE": 3}},
         }
-        assert liveness("a")._tick() == 10
-        assert liveness("a", "short")._tick() == pytest.approx(1.0)
+        assert housekeeping("a")._tick() == 10
+        assert housekeeping("a", "short")._tick() == pytest.approx(1.0)
         # A consumer's own --lease stands for every queue's.
-        assert liveness("a", "short", lease=0.6)._tick() == pytest.approx(0.2)
-        assert liveness()._tick() == 10
+        assert housekeeping("a", "short", lease=0.6)._tick() == pytest.approx(0.2)
+        assert housekeeping()._tick() == 10
 
 
 class TestLeaseRenewal:
@@ -157,7 +159,7 @@ class TestLeaseRenewal:
         Queue("a").enqueue_many([{}] * 4)
         running_now, hung, waiting, not_held = Queue("a").claim(4, pid="me", lease=5)
         started = time.monotonic()
-        thread = liveness(
+        thread = housekeeping(
             "a",
             lease=600,
             # A handler thread took running_now just now and hung 5 s ago (TIMEOUT 2);
@@ -175,7 +177,7 @@ class TestLeaseRenewal:
         Queue("long").enqueue({})
         [short] = Queue("a").claim(pid="me", lease=1)
         [long] = Queue("long").claim(pid="me", lease=1)
-        liveness("a", "long", held=lambda: [(short, None), (long, None)])._renew_leases()
+        housekeeping("a", "long", held=lambda: [(short, None), (long, None)])._renew_leases()
         assert 30 < lease_left(short) <= 61
         assert 3000 < lease_left(long) <= 3601
 
@@ -186,7 +188,7 @@ class TestLeaseRenewal:
         QueueItem.objects.filter(pk=stale.pk).update(lease_expires_at=timezone.now())
         assert Queue("a").requeue_stuck() == 1
         [current] = Queue("a").claim(pid="other", lease=5)
-        liveness("a", lease=600, held=lambda: [(stale, None)])._renew_leases()
+        housekeeping("a", lease=600, held=lambda: [(stale, None)])._renew_leases()
         assert lease_left(current) < 10
 
 
@@ -198,7 +200,7 @@ class TestRescue:
         Queue("a").claim(2, pid="gone", lease=600)
         [not_ours] = Queue("other").claim(pid="gone", lease=600)
         with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.housekeeping"):
-            liveness("a")._rescue()
+            housekeeping("a")._rescue()
         assert "rescued 2 stuck items" in caplog.text
         assert Queue("a").count(status=Status.READY) == 2
         # Another queue's items wait for a consumer of that queue.
@@ -212,7 +214,7 @@ class TestRescue:
         Queue("q7").claim(pid="gone", lease=600)
         Queue("q12").claim(pid="alive", lease=600)  # no Consumer row: stuck once expired
         with CaptureQueriesContext(connection) as queries:
-            liveness(*names)._rescue()
+            housekeeping(*names)._rescue()
         updates = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("UPDATE")]
         # q7's rescue, and the release of this consumer's lost claims (a statement each turn).
         assert len(updates) == 2, updates
@@ -222,7 +224,7 @@ class TestRescue:
     def test_its_own_claims_whose_answer_was_lost_are_released(self, db, caplog):
         """Claims of its identity it does not hold, older than LOST_CLAIM_AGE: the server
         committed them, the answer never came back. Held and recent claims stay."""
-        thread = liveness("a")
+        thread = housekeeping("a")
         store.register(thread.consumer, "default")  # alive: its items are not stuck
         Queue("a").enqueue_many([{}] * 3)
         lost, held, recent = Queue("a").claim(3, pid=thread.consumer.identity, lease=600)
@@ -267,7 +269,7 @@ class TestPurge:
         return {"old": old, "kept": kept | {running.pk, ready.pk}}
 
     def test_old_finished_items_of_its_queues_each_with_its_retention(self, items):
-        assert liveness("a", "b", "keep")._purge(until=time.monotonic() + 60) is True
+        assert housekeeping("a", "b", "keep")._purge(until=time.monotonic() + 60) is True
         assert remaining() == items["kept"]
         assert Queue("a").count(status=Status.IN_PROGRESS) == 1
         assert Queue("a").count(status=Status.READY) == 1
@@ -277,7 +279,7 @@ class TestPurge:
         settings.TXQUEUE = {"RETENTION": 86400, "QUEUES": queues}
         short_old = finished("short", ago=dt.timedelta(minutes=5))
         with CaptureQueriesContext(connection) as queries:
-            liveness("a", "b", "keep", "short")._purge(until=time.monotonic() + 60)
+            housekeeping("a", "b", "keep", "short")._purge(until=time.monotonic() + 60)
         deletes = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("DELETE")]
         assert len(deletes) == 2, deletes  # "a" and "b" in one, "short" in another
         assert remaining() == items["kept"]
@@ -285,14 +287,14 @@ class TestPurge:
 
     def test_in_batches(self, items, monkeypatch):
         monkeypatch.setattr(store.upkeep, "PURGE_BATCH", 2)
-        liveness("a", "b", "keep")._purge(until=time.monotonic() + 60)
+        housekeeping("a", "b", "keep")._purge(until=time.monotonic() + 60)
         assert remaining() == items["kept"]
 
     def test_retention_none_purges_nothing(self, items, settings):
         settings.TXQUEUE = {"RETENTION": None}
         Effect.objects.create(key="old")
         Effect.objects.update(recorded_at=timezone.now() - OLD)
-        liveness("a", "b", "keep")._purge(until=time.monotonic() + 60)
+        housekeeping("a", "b", "keep")._purge(until=time.monotonic() + 60)
         assert remaining() == items["old"] | items["kept"]
         assert Effect.objects.count() == 1
 
@@ -302,7 +304,7 @@ class TestPurge:
         settings.TXQUEUE = {"RETENTION": None}
         locked = []
         monkeypatch.setattr(store, "try_lock", lambda *args: locked.append(args))
-        assert liveness("a", "b")._purge(until=time.monotonic() + 60) is True
+        assert housekeeping("a", "b")._purge(until=time.monotonic() + 60) is True
         assert locked == []
 
     def test_not_while_another_connection_holds_the_lock(self, items):
@@ -318,17 +320,17 @@ class TestPurge:
         thread.start()
         try:
             assert holding.wait(30)
-            assert liveness("a", "b")._purge(until=time.monotonic() + 60) is True
+            assert housekeeping("a", "b")._purge(until=time.monotonic() + 60) is True
             assert remaining() == items["old"] | items["kept"]
         finally:
             release.set()
             thread.join(30)
-        liveness("a", "b")._purge(until=time.monotonic() + 60)
+        housekeeping("a", "b")._purge(until=time.monotonic() + 60)
         assert remaining() == items["kept"]
 
     def test_cut_short_at_the_deadline_after_one_batch(self, items, monkeypatch):
         monkeypatch.setattr(store.upkeep, "PURGE_BATCH", 1)
-        assert liveness("a", "b")._purge(until=time.monotonic() - 1) is False
+        assert housekeeping("a", "b")._purge(until=time.monotonic() - 1) is False
         left = remaining() - items["kept"]
         assert left < items["old"] and len(left) == len(items["old"]) - 1
 
@@ -337,7 +339,7 @@ class TestPurge:
         for key, ago in (("old", OLD), ("day", dt.timedelta(hours=12)), ("new", dt.timedelta(0))):
             Effect.objects.create(key=key)
             Effect.objects.filter(key=key).update(recorded_at=timezone.now() - ago)
-        liveness("a")._purge(until=time.monotonic() + 60)
+        housekeeping("a")._purge(until=time.monotonic() + 60)
         assert set(Effect.objects.values_list("key", flat=True)) == {"day", "new"}
 
     def test_an_error_is_logged_and_reported(self, items, monkeypatch, caplog):
@@ -346,7 +348,7 @@ class TestPurge:
 
         monkeypatch.setattr(store, "purge", broken)
         errors = []
-        assert liveness("a", on_database_error=lambda: errors.append(1))._purge_safely(
+        assert housekeeping("a", on_database_error=lambda: errors.append(1))._purge_safely(
             until=time.monotonic() + 60
         )
         assert "purge failed" in caplog.text and "disk full" in caplog.text
@@ -362,7 +364,7 @@ def test_a_purge_cut_short_goes_on_after_the_next_heartbeat(settings, monkeypatc
     monkeypatch.setattr("django_txqueue.consumer.housekeeping.PURGE_RUN", 0)
     old = finished("a", n=5)
     kept = finished("a", ago=dt.timedelta(0))
-    thread = liveness("a")
+    thread = housekeeping("a")
     thread.start()
     try:
         assert wait_for(lambda: remaining() == kept, timeout=20)
@@ -383,7 +385,7 @@ def test_the_liveness_thread_goes_on_heartbeating_after_a_purge_error(settings, 
 
     monkeypatch.setattr(store, "purge", broken)
     finished("a")
-    thread = liveness("a")
+    thread = housekeeping("a")
     thread.start()
     try:
         first = Consumer.objects.get(pk=thread.consumer.pk).last_heartbeat_at

@@ -147,7 +147,7 @@ def test_a_rescue_is_counted_for_its_queue(recorded, fast_consumers):
     stuck = Queue("echo")
     stuck.enqueue({"n": 1})
     stuck.claim(pid="gone", lease=0.001)
-    liveness = Housekeeping(
+    housekeeping = Housekeeping(
         Consumer(identity="metrics-test", host="h", os_pid=1, queues=["echo"]),
         "default",
         queues=lambda: [stuck],
@@ -159,7 +159,7 @@ def test_a_rescue_is_counted_for_its_queue(recorded, fast_consumers):
     )
     poll(
         lambda: (
-            liveness._rescue()
+            housekeeping._rescue()
             or recorded.get_sample_value("txqueue_items_rescued_total", {"queue": "echo"})
         ),
         timeout=5,

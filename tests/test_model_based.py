@@ -54,7 +54,7 @@ from django_txqueue.models import QueueBound, QueuePause
 from django_txqueue.store import Ack
 
 from .helpers import expire, strategies
-from .test_housekeeping import liveness
+from .test_housekeeping import housekeeping
 
 READY, IN_PROGRESS, DONE, FAILED = Status.READY, Status.IN_PROGRESS, Status.DONE, Status.FAILED
 CANCELLED = Status.CANCELLED
@@ -815,7 +815,7 @@ class QueueMachine(RuleBasedStateMachine):
         """One read with the lease renewal tells each live claim's instance whether it was
         asked to stop (``cancel_requested()``, itself no query)."""
         live = self.live_handles()
-        liveness(
+        housekeeping(
             *self.queues, held=lambda: [(handle, None) for handle, _, _ in live]
         )._read_cancel_requests()
         for handle, serial, _ in live:

@@ -86,8 +86,7 @@ class Rotation:
         ``woken``), until one gives items; returns them."""
         if woken:
             self.wake(woken)
-        if self.discover is not None:
-            self.found += self.discover_new()
+        self.found += self.discover_new()
         now = time.monotonic()
         outbox_due = now >= self._outbox_due
         if outbox_due and (items := self._claim_outbox(claim)):

@@ -88,7 +88,7 @@ class Settler:
                 by_claim.setdefault(outcome.item.claim_token or 0, []).append(outcome)
             else:
                 already.append(outcome)
-        claiming = room is not None and self.claimer is not None and self.rotation is not None
+        claiming = room is not None and self.rotation is not None
         riding = by_claim.popitem() if claiming and self.rides and by_claim else None
         settled: list[Outcome] = []
         claimed: list[QueueItem] = []
@@ -106,8 +106,7 @@ class Settler:
                 settled.append(outcome)
         finally:
             self._settled(settled)  # signals sent before the claim, which may retake an item
-        if claiming:
-            assert room is not None  # noqa: S101 - claiming says so
+        if claiming and room is not None:
             claimed = self._claim(room, riding, settled)
             if riding is not None:
                 self._settled(riding[1])

@@ -6,7 +6,7 @@ that writes it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -41,7 +41,6 @@ class AckStatement:
         self.alias = alias
         self.keeps_results = has_field(model, "result")
         self._sql: dict[tuple[int, bool], str] = {}
-        self._status_params: list[Any] = []
 
     @property
     def connection(self) -> BaseDatabaseWrapper:
@@ -52,7 +51,7 @@ class AckStatement:
         connection = self.connection
         with_results = self.keeps_results and any(v is not None for v in ack.results.values())
         sql = self.sql(len(ack.results), with_results)
-        params = list(self._status_params)
+        params = list(self.status[1])
         if with_results:
             field: Any = self.model._meta.get_field("result")
             for pk, value in ack.results.items():
@@ -71,20 +70,20 @@ class AckStatement:
                 names += ["result", "finished_at"]
             columns = {name: quoted_column(connection, self.model, name) for name in names}
             table = connection.ops.quote_name(self.model._meta.db_table)
-            status, self._status_params = self.status_sql(connection)
             self._sql[key] = dialect(connection).ack_update(
-                table, columns, status, now_sql(connection), size, with_results
+                table, columns, self.status[0], now_sql(connection), size, with_results
             )
         return self._sql[key]
 
-    def status_sql(self, connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
-        """The new status, compiled from ``settled_as(DONE)`` by Django; plain DONE for a
-        model without cancellation requests (a plain QueueModel)."""
+    @cached_property
+    def status(self) -> tuple[str, list[Any]]:
+        """The new status's SQL and parameters, compiled once from ``settled_as(DONE)`` by
+        Django; plain DONE for a model without cancellation requests (a plain QueueModel)."""
         if not has_field(self.model, "cancel_requested_at"):
             return "%s", [int(Status.DONE)]
         query = Query(self.model)
         expression = settled_as(Status.DONE).resolve_expression(query, allow_joins=False)
-        sql, params = query.get_compiler(connection=connection).compile(expression)
+        sql, params = query.get_compiler(connection=self.connection).compile(expression)
         return sql, list(params)
 
 

@@ -1,10 +1,10 @@
 """The database-side Prometheus gauges, read at scrape time (the ``prometheus`` extra).
 
 ``QueueCollector`` follows prometheus_client's Collector protocol: each ``collect()``
-reads the queues through ``monitoring.gauges`` (the dashboard's grouped queries, then
+reads the queues through ``reads.gauges`` (the dashboard's grouped queries, then
 per queue its DONE items: counted while the table is small, else the planner's estimate)
 for the queues with unfinished items and those known by name
-(``monitoring.known_queue_names``), on every database that holds queues, and yields
+(``reads.known_queue_names``), on every database that holds queues, and yields
 gauges labelled by queue (and status): never an item id. Nothing here is imported
 unless metrics are asked for.
 """
@@ -29,7 +29,7 @@ STATUSES = ("ready", "in_progress", "failed", "cancelled", "done")
 
 
 def queue_rows(aliases: list[str]) -> dict[str, QueueRow]:
-    """``monitoring.gauges`` on each alias, a queue's figures added up where several
+    """``reads.gauges`` on each alias, a queue's figures added up where several
     databases hold it (its oldest due item: the oldest of them)."""
     merged: dict[str, QueueRow] = {}
     for alias in aliases:

@@ -3,7 +3,7 @@
 Off unless ``enable()`` is called (``run_queue_consumer --metrics-port``): until then
 ``recorder`` is None, prometheus_client is never imported, and the consumer's only cost
 is one ``is None`` test per batch. On, the consumer's main thread reports each claimed
-batch and each settled batch (``Recorder``), and its liveness thread each rescue;
+batch and each settled batch (``Recorder``), and its housekeeping thread each rescue;
 handler threads report nothing. Labels are queue names only, never an item id, so a
 series' count is bounded by the number of queues.
 
@@ -206,7 +206,7 @@ class Recorder:
                 self._tally("failed", queue).count += failures - retried
 
     def rescued_items(self, queue: str, count: int) -> None:
-        """On the liveness thread: rare, so counted at once."""
+        """On the housekeeping thread: rare, so counted at once."""
         if count:
             with self._lock:
                 self._tally("rescued", queue).count += count

@@ -4,7 +4,7 @@ READY rows; each as a percentage of the first. The big tables are made by the
 database itself (``RawQueue.insert_generated``), then analyzed.
 
 Each window starts with the consumer, so what a consumer does at its start (its
-liveness thread's first heartbeat, rescue and purge) is in it: a cost there that grows
+housekeeping thread's first heartbeat, rescue and purge) is in it: a cost there that grows
 with the table shows. Beside the rate, the process's CPU time per item (every thread):
 on a busy machine the rate swings by a third from run to run, the CPU time much less."""
 
