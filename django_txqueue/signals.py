@@ -14,8 +14,12 @@ item_done = Signal()
 item_failed = Signal()
 
 
-def heard(signal: Signal, sender: Any) -> bool:
-    """Whether ``signal`` has a receiver for ``sender``. The consumer asks once per batch
-    and sends nothing item by item when nobody listens; the empty ``receivers`` list, the
-    usual case, answers without ``has_listeners``' locking and cache look-ups."""
-    return bool(signal.receivers) and signal.has_listeners(sender)
+def heard(sender: Any) -> frozenset[Signal]:
+    """The signals above that have a receiver for ``sender``. The consumer asks once per
+    batch and sends nothing item by item when nobody listens; an empty ``receivers``
+    list, the usual case, answers without ``has_listeners``' locking and cache look-ups."""
+    return frozenset(
+        signal
+        for signal in (item_claimed, item_done, item_failed)
+        if signal.receivers and signal.has_listeners(sender)
+    )

@@ -61,8 +61,8 @@ class Outcome:
 
 
 def runner() -> Callable[[registry.Handler, QueueItem], Outcome]:
-    """How to run the handlers of a share of a batch: ``run_handler`` while traces are
-    recorded, else ``run_item``, which skips asking about tracing for each item."""
+    """How a consumer runs each item, chosen when it starts: ``run_handler`` where traces
+    are recorded, else ``run_item``, which skips asking about tracing for each item."""
     return run_handler if tracing.enabled() else run_item
 
 

@@ -26,6 +26,8 @@ from ..status import Status
 from .execution import Outcome
 
 if TYPE_CHECKING:
+    from django.dispatch import Signal
+
     from .claims import Claimer
     from .rotation import Rotation
 
@@ -63,6 +65,10 @@ class Settler:
         self.settled: list[Outcome] = []
         self.processed = 0
         self.failed = 0
+        # Settled, not yet in the metrics (``metrics.recorder``): counted once per call.
+        self._uncounted: list[Outcome] = []
+        # The signals some receiver listens to (``signals.heard``), asked once per call.
+        self.heard: frozenset[Signal] = frozenset()
 
     def settle(self, arrived: list[Outcome]) -> list[Outcome]:
         """Write what ``arrived`` (and what an earlier call could not write) came to;
@@ -90,6 +96,8 @@ class Settler:
                 already.append(outcome)
         claiming = room is not None and self.rotation is not None
         riding = by_claim.popitem() if claiming and self.rides and by_claim else None
+        # Who listens, asked once per call (nothing is sent item by item for nobody).
+        self.heard = signals.heard(QueueItem)
         settled: list[Outcome] = []
         claimed: list[QueueItem] = []
         try:
@@ -105,11 +113,19 @@ class Settler:
                     self._fail(outcome)
                 settled.append(outcome)
         finally:
-            self._settled(settled)  # signals sent before the claim, which may retake an item
+            # What the database has, even when a later write failed; its signals before
+            # the claim, which may retake an item (a receiver reads the row as settled).
+            self._settled(settled)
         if claiming and room is not None:
             claimed = self._claim(room, riding, settled)
             if riding is not None:
                 self._settled(riding[1])
+            if signals.item_claimed in self.heard:
+                for item in claimed:
+                    signals.item_claimed.send(sender=QueueItem, item=item)
+        if metrics.recorder is not None:  # --metrics-port: once per call
+            metrics.recorder.turn(self._uncounted, claimed)
+        self._uncounted = []
         taken, self.settled = self.settled, []
         return taken, claimed
 
@@ -140,16 +156,16 @@ class Settler:
         return claimed
 
     def _settled(self, settled: list[Outcome]) -> None:
-        """What the database has leaves ``unsettled`` (even when a later write fails)."""
+        """What the database has leaves ``unsettled``; its counters and signals now, its
+        metrics with the call's claim."""
         if len(settled) == len(self.unsettled):
             self.unsettled = []
         else:
             done = {id(outcome) for outcome in settled}
             self.unsettled = [o for o in self.unsettled if id(o) not in done]
         self.settled += settled
+        self._uncounted += settled
         self._count(settled)
-        if metrics.recorder is not None:  # --metrics-port: once per batch
-            metrics.recorder.settled(settled)
 
     @staticmethod
     def _report_refused(acknowledged: int, group: list[Outcome]) -> None:
@@ -210,11 +226,8 @@ class Settler:
         )
 
     def _count(self, outcomes: list[Outcome]) -> None:
-        """Counters and signals for settled outcomes; the signals only where some receiver
-        listens (checked once per batch, not sent item by item for nobody)."""
-        done_heard = signals.heard(signals.item_done, QueueItem)
-        failed_heard = signals.heard(signals.item_failed, QueueItem)
-        debug = logger.isEnabledFor(logging.DEBUG)
+        """Counters and signals (where ``heard``) for settled outcomes."""
+        heard, debug = self.heard, logger.isEnabledFor(logging.DEBUG)
         for outcome in outcomes:
             if outcome.acknowledged is False or outcome.lost:
                 continue  # nothing happened: rolled back, or released to run again
@@ -222,7 +235,7 @@ class Settler:
                 self.processed += 1
                 if debug:
                     self._log_done(outcome)
-                if done_heard:
+                if signals.item_done in heard:
                     signals.item_done.send(
                         sender=QueueItem,
                         item=outcome.item,
@@ -231,7 +244,7 @@ class Settler:
                     )
             else:
                 self.failed += 1
-                if failed_heard:
+                if signals.item_failed in heard:
                     signals.item_failed.send(
                         sender=QueueItem,
                         item=outcome.item,

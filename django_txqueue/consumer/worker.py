@@ -4,7 +4,7 @@ Each turn goes one way, per database (``_serve``): the outcomes the handler thre
 over go to the ``Settler``, which writes them and claims the next batch in the same call
 (through the ``Rotation``'s choice of queue and the ``Claimer``), one fenced
 acknowledgement of a batch's successes riding with that claim where that saves a round
-trip or a commit (PostgreSQL: one statement; MySQL and MariaDB: one transaction); the
+trip or a commit (PostgreSQL: one statement; MySQL, MariaDB and SQLite: one transaction); the
 claimed items go to the handler threads. Handlers run on ``concurrency`` threads, so the
 main thread stays free to enforce the shutdown timeout; with more than one, the next batch
 is claimed while one runs. The ``Housekeeping`` thread keeps the Consumer row, the leases
@@ -28,11 +28,10 @@ from functools import partial
 from django.db import Error as DatabaseError
 from django.db import InterfaceError, OperationalError, connections
 
-from .. import conf, signals, store
+from .. import conf, store
 from ..api import Queue
 from ..db import dialect_for
 from ..models import Consumer, QueueItem
-from ..observe import metrics
 from ..observe.logs import forget_queries, one_line
 from ..store.backoff import RECONNECT_MAX_PAUSE, jittered, next_pause
 from . import registry
@@ -139,6 +138,9 @@ class Worker:
         # change checks its own connections before its next item.
         self._database_errors = 0
         self._local = threading.local()
+        # How a handler thread runs an item: in a span of its own while traces are
+        # recorded (a tracer provider is set up before a consumer starts).
+        self._run_item = runner()
 
     def _station(
         self,
@@ -158,7 +160,7 @@ class Worker:
             rotation=rotation,
             claimer=claimer,
             batch=self.batch,
-            rides=dialect_for(alias).acks_while_claiming,
+            rides=store.rides_with_claims(self.strategy, alias),
         )
         return Station(alias, rotation, settler)
 
@@ -247,7 +249,6 @@ class Worker:
 
     def _turn(self) -> bool:
         """One turn of the loop; False when a burst run has drained its queues."""
-        forget_queries()
         now = time.monotonic()
         stations = [s for s in self.stations.values() if s.down_until <= now]
         if any(station.rotation.idle for station in stations):
@@ -297,6 +298,7 @@ class Worker:
         station.had_room = room + len(arrived) > 0  # what arrived frees its room
         if not (arrived or room > 0 or station.settler.unsettled):
             return False  # nothing to write, no room to claim
+        forget_queries()  # this thread's, before the batch's statements
         settled, claimed = station.settler.settle_and_claim(arrived, room=room)
         self.in_flight.remove(settled)
         if found := station.rotation.found:  # new queues: their wake-ups concern us now
@@ -327,14 +329,9 @@ class Worker:
         """Hand the items to the handler threads, in one share per thread, so that a
         thread reports (and the main thread acknowledges) a share at a time."""
         self.in_flight.add(items)
-        if signals.heard(signals.item_claimed, QueueItem):  # else a call per item for nothing
-            for item in items:
-                signals.item_claimed.send(sender=QueueItem, item=item)
         size = math.ceil(len(items) / self.threads.size)
         for start in range(0, len(items), size):
             self.threads.submit(items[start : start + size])
-        if metrics.recorder is not None:  # --metrics-port: once per claim, handlers started
-            metrics.recorder.claimed(items)
 
     def _run_handlers(self, items: list[QueueItem]) -> None:
         """On a handler thread: run each item's handler and pass on the outcomes."""
@@ -343,7 +340,7 @@ class Worker:
             close_broken_connections()
         # A share comes from one claim, so from one station.
         station = self.stations[items[0]._state.db or self.using]
-        outcomes, handlers, run = [], station.rotation.handlers, runner()
+        outcomes, handlers, run = [], station.rotation.handlers, self._run_item
         for item in items:
             if self.in_flight.start(item):  # False: released by a shutdown meanwhile
                 outcomes.append(run(handlers[item.queue], item))

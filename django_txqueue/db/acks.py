@@ -46,20 +46,19 @@ class AckStatement:
     def connection(self) -> BaseDatabaseWrapper:
         return connections[self.alias]
 
-    def bind(self, ack: Ack) -> tuple[str, list[Any]]:
-        """The UPDATE acknowledging ``ack`` and its parameters."""
-        connection = self.connection
+    def bind(self, ack: Ack, pk_params: list[Any]) -> tuple[str, list[Any]]:
+        """The UPDATE acknowledging ``ack`` and its parameters, the dialect's ``pk_params``
+        of its items given."""
         with_results = self.keeps_results and any(v is not None for v in ack.results.values())
         sql = self.sql(len(ack.results), with_results)
         params = list(self.status[1])
         if with_results:
+            connection = self.connection
             field: Any = self.model._meta.get_field("result")
             for pk, value in ack.results.items():
                 params += [pk, field.get_db_prep_save(value, connection)]
-        vendor = dialect(connection)
         # Plain ints: mysqlclient would quote a Status member as a string.
-        params += [*vendor.pk_params(list(ack.results)), int(Status.IN_PROGRESS)]
-        return sql, [*params, ack.claim_token]
+        return sql, [*params, *pk_params, int(Status.IN_PROGRESS), ack.claim_token]
 
     def sql(self, size: int, with_results: bool) -> str:
         key = (size, with_results)

@@ -10,12 +10,13 @@ method is given the one to use.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from django.db import DatabaseError, Error, NotSupportedError, connections
+from django.db import DatabaseError, Error, NotSupportedError, connections, transaction
 
 from .. import conf
 from ..conf import STRATEGIES
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import Model, QuerySet
 
+    from .acks import Ack, AckStatement
     from .compiler import ClaimStatement, ClaimValues
 
 
@@ -52,8 +54,11 @@ class Dialect:
     # Producers wake consumers through the database itself (PostgreSQL's NOTIFY), so the
     # loopback datagrams of ``wakeup`` are not needed.
     has_notify: ClassVar[bool] = False
-    # A batch's acknowledgement rides with the next skip_locked claim (``ack_and_claim``).
-    acks_while_claiming: ClassVar[bool] = False
+    # The claim strategies whose claims carry the last batch's acknowledgement
+    # (``ack_and_claim``).
+    acks_while_claiming: ClassVar[frozenset[str]] = frozenset()
+    # How ``short_transaction`` begins one.
+    begin_sql: ClassVar[str] = "BEGIN"
     # A consumer's claims start after its last claimed item (``ClaimValues.after``), so
     # that they do not read the index entries of the rows claimed before (``resume``).
     resumes_claims: ClassVar[bool] = False
@@ -94,12 +99,6 @@ class Dialect:
             )
         return strategy
 
-    def claim(self, strategy: str, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
-        """Run ``claim`` with a resolved strategy and return the claimed items."""
-        if strategy == "skip_locked":
-            return self.claim_skip_locked(claim, values)
-        return self.claim_update_limit(claim, values)
-
     def claim_skip_locked(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         raise NotSupportedError(f"{self.vendor} has no SKIP LOCKED claim")
 
@@ -107,12 +106,38 @@ class Dialect:
         raise NotImplementedError
 
     def ack_and_claim(
-        self, claim: ClaimStatement, values: ClaimValues, ack: tuple[str, list[Any]]
+        self, claim: ClaimStatement, values: ClaimValues, statement: AckStatement, ack: Ack
     ) -> tuple[int, list[Any]]:
-        """Run the acknowledgement ``ack`` (``AckStatement.bind``'s SQL and parameters) and a
-        skip_locked claim together; return how many rows ``ack`` changed and the claimed
-        items."""
+        """Acknowledge ``ack`` (with ``statement``) and claim, together: with the strategy of
+        ``acks_while_claiming``; return how many rows the acknowledgement changed and the
+        claimed items."""
         raise NotSupportedError(f"{self.vendor} runs acknowledgements on their own")
+
+    def acknowledge(self, statement: AckStatement, ack: Ack) -> int:
+        """Run ``statement`` for ``ack``: how many rows it acknowledged."""
+        with self.hot_cursor(connections[statement.alias]) as cursor:
+            cursor.execute(*statement.bind(ack, self.pk_params(list(ack.results))))
+            return int(cursor.rowcount)
+
+    @contextmanager
+    def short_transaction(self, connection: BaseDatabaseWrapper) -> Iterator[Any]:
+        """A transaction of the block's own, yielding a cursor. Outside any atomic block it
+        is begun and ended by statements (``begin_sql``), two round trips fewer than
+        ``atomic()``'s switching of autocommit off and on again (a tenth of a one-item
+        claim on MySQL); inside one, a savepoint."""
+        if connection.in_atomic_block or not connection.get_autocommit():
+            with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+                yield cursor
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(self.begin_sql)
+            try:
+                yield cursor
+            except BaseException:
+                with contextlib.suppress(DatabaseError):  # a lost connection lost it anyway
+                    cursor.execute("ROLLBACK")
+                raise
+            cursor.execute("COMMIT")
 
     @contextmanager
     def hot_cursor(self, connection: BaseDatabaseWrapper) -> Iterator[Any]:
@@ -123,26 +148,34 @@ class Dialect:
 
     def fetch(self, claim: ClaimStatement, sql: str, params: list[Any]) -> list[Any]:
         """Run a statement that returns whole rows (``claim.columns()``) and load them."""
-        with self.hot_cursor(claim.connection) as cursor:
+        with self.hot_cursor(connections[claim.alias]) as cursor:
             cursor.execute(sql, params)
             return claim.rows.load(cursor.fetchall())
 
-    def assignments(self, claim: ClaimStatement, values: ClaimValues) -> tuple[str, list[Any]]:
-        """The claim's SET clause (``ClaimStatement.assignments``), its lease from now."""
-        return claim.assignments(values, self.claim_expiry(claim, values))
+    def shape(self, values: ClaimValues, *rest: Any) -> tuple[Any, ...]:
+        """The key of a claim's SQL in ``ClaimStatement.sql``: whether it resumes, which
+        queues lease apart, and the dialect's ``rest`` (a lock, a size)."""
+        return (values.after is not None, tuple(values.lease_by_queue), *rest)
 
-    def claim_expiry(self, claim: ClaimStatement, values: ClaimValues) -> tuple[str, list[Any]]:
-        """The new ``lease_expires_at``: now plus the claim's lease, or, where its items'
-        queues lease differently (``lease_by_queue``), plus each row's queue's."""
-        expiry = self.lease_expiry(now_sql(claim.connection))
-        default = self.lease_param(values.lease)
-        if not values.lease_by_queue:
-            return expiry, [default]
-        params: list[Any] = []
-        for name, queue_lease in values.lease_by_queue.items():
-            params += [name, self.lease_param(queue_lease)]
-        cases = f"WHEN {claim.column('queue')} = %s THEN {expiry} " * len(values.lease_by_queue)
-        return f"CASE {cases}ELSE {expiry} END", [*params, default]
+    def assignments_sql(self, claim: ClaimStatement, values: ClaimValues) -> str:
+        """The claim's SET clause (``ClaimStatement.claimed_columns``), its lease from now:
+        a CASE where its items' queues lease differently (``lease_by_queue``)."""
+        expiry = self.lease_expiry(now_sql(connections[claim.alias]))
+        if values.lease_by_queue:
+            cases = f"WHEN {claim.column('queue')} = %s THEN {expiry} " * len(
+                values.lease_by_queue
+            )
+            expiry = f"CASE {cases}ELSE {expiry} END"
+        return claim.claimed_columns + expiry
+
+    def leases(self, values: ClaimValues) -> list[Any]:
+        """``assignments_sql``'s parameters of the lease: each queue's, then the claim's."""
+        by_queue = [
+            param
+            for name, lease in values.lease_by_queue.items()
+            for param in (name, self.lease_param(lease))
+        ]
+        return [*by_queue, self.lease_param(values.lease)]
 
     def lease_expiry(self, now: str) -> str:
         """SQL for ``now`` plus the lease, which is bound as ``lease_param``'s one %s."""

@@ -9,7 +9,7 @@ SQL that Django writes for every vendor is made here: this module knows no diale
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cached_property
@@ -32,16 +32,6 @@ def claim_order(queryset: QuerySet[Any]) -> tuple[Any, ...]:
     if queryset.query.order_by:
         return tuple(queryset.query.order_by)
     return tuple(queryset.model._meta.ordering) or queryset.model.claim_order
-
-
-def sort_items(items: list[Any], order: tuple[Any, ...]) -> list[Any]:
-    """Put claimed rows back in claim order (RETURNING gives no order)."""
-    if not all(isinstance(name, str) for name in order):
-        return items
-    for name in reversed(order):
-        attname = name.lstrip("-")
-        items.sort(key=operator.attrgetter(attname), reverse=name.startswith("-"))
-    return items
 
 
 @dataclass(frozen=True)
@@ -126,7 +116,10 @@ class ClaimStatement:
         self.model: type[Model] = queryset.model
         self.alias: str = queryset.db
         self.order = tuple(self.queryset.query.order_by)
-        self.rows = Rows(self.model, self.alias)
+        self.rows = Rows(self.model, self.alias, self.order)
+        # The dialects' whole claim SQL, by the shape they give it (its lock, whether it
+        # resumes, the queues leased apart...), built on first use: a claim binds values.
+        self.sql: dict[Hashable, str] = {}
         self._candidates: dict[tuple[str, bool, bool], tuple[str, list[Any]]] = {}
         self._where_and_order: dict[bool, tuple[str, str, list[Any]]] = {}
 
@@ -212,9 +205,13 @@ class ClaimStatement:
         order is ascending on fields only."""
         return all(isinstance(name, str) and not name.startswith("-") for name in self.order)
 
-    def resume_key(self, item: Any) -> tuple[Any, ...]:
-        """``item``'s values of the claim order: where a claim after it starts."""
-        return tuple(getattr(item, name) for name in self.order)
+    @cached_property
+    def resume_key(self) -> Callable[[Any], tuple[Any, ...]]:
+        """An item's values of the claim order: where a claim after it starts."""
+        if len(self.order) == 1:
+            name = self.order[0]
+            return lambda item: (getattr(item, name),)
+        return operator.attrgetter(*self.order)
 
     def where_and_order(self, after: tuple[Any, ...] | None = None) -> tuple[str, str, list[Any]]:
         """The ready filter and the ORDER BY on their own, for a single-table UPDATE; with
@@ -237,21 +234,25 @@ class ClaimStatement:
         where, order, params = self._where_and_order[key]
         return where, order, self.bind_after(params, after)
 
-    def assignments(
-        self, values: ClaimValues, expiry: tuple[str, list[Any]]
-    ) -> tuple[str, list[Any]]:
-        """The SET clause: IN_PROGRESS under this claim, attempt counted, the lease ending
-        at ``expiry`` (the dialect's SQL and parameters)."""
-        sql, params = expiry
-        return self._claimed_columns + sql, [
-            int(Status.IN_PROGRESS),
-            values.pid,
-            values.token,
-            *params,
-        ]
+    def bind(
+        self, values: ClaimValues, leases: list[Any], *, lock: str = "", whole_rows: bool = False
+    ) -> tuple[list[Any], list[Any]]:
+        """One claim's parameters: the candidates' (``candidates(lock, whole_rows)``, after
+        ``values.after``) and the assignments' (``claimed_columns``, then the dialect's
+        lease expiry, whose parameters ``leases`` are)."""
+        _, candidates = self.candidates(lock, whole_rows=whole_rows, after=values.after)
+        return candidates, self.assigned(values, leases)
+
+    @staticmethod
+    def assigned(values: ClaimValues, leases: list[Any]) -> list[Any]:
+        """The parameters of ``claimed_columns`` and the lease expiry after it."""
+        return [int(Status.IN_PROGRESS), values.pid, values.token, *leases]
 
     @cached_property
-    def _claimed_columns(self) -> str:
+    def claimed_columns(self) -> str:
+        """The SET clause, but for the lease's end: IN_PROGRESS under this claim (pid,
+        token), attempt counted, claimed now; ``lease_expires_at = `` last, for the
+        dialect's expiry (``Dialect.expiry_sql``)."""
         attempts = self.column("attempts")
         return (
             f"{self.column('status')} = %s, {self.column('pid')} = %s, "

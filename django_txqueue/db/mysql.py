@@ -7,23 +7,21 @@ only the rows they take.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, Error, InterfaceError, connections, transaction
+from django.db import DatabaseError, Error, InterfaceError, connections
 
 from ..status import Status
 from .base import Dialect
-from .rows import mark_claimed
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import QuerySet
 
+    from .acks import Ack, AckStatement
     from .compiler import ClaimStatement, ClaimValues
 
 # ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT. Galera reports both its refusals as 1213
@@ -43,29 +41,10 @@ HISTORY_LENGTH = re.compile(r"History list length (\d+)")
 DISCONNECT_ERRORS = {2002, 2003, 2006, 2013, 2055, 1053, 1927, 4031, 1047}
 
 
-@contextlib.contextmanager
-def short_transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
-    """A transaction of the block's own. Outside any atomic block it is begun and ended
-    by statements, two round trips fewer than ``atomic()``'s switching of autocommit off
-    and on again (a tenth of a one-item claim); inside one, a savepoint."""
-    if connection.in_atomic_block or not connection.get_autocommit():
-        with transaction.atomic(using=connection.alias):
-            yield
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("START TRANSACTION")
-        try:
-            yield
-        except BaseException:
-            with contextlib.suppress(DatabaseError):  # a lost connection lost it anyway
-                cursor.execute("ROLLBACK")
-            raise
-        cursor.execute("COMMIT")
-
-
 class MySQL(Dialect):
     vendor = "mysql"
-    acks_while_claiming = True
+    acks_while_claiming = frozenset({"skip_locked"})
+    begin_sql = "START TRANSACTION"
     # Under READ COMMITTED, Django's default here, InnoDB steps over the READY index
     # entries of rows claimed since its purge last ran at several times the cost of a live
     # one: a claim of 100 from the head took 3 to 5 ms where one that resumes takes 0.7.
@@ -95,12 +74,14 @@ class MySQL(Dialect):
         return self._claim_skip_locked(claim, values, None)[1]
 
     def ack_and_claim(
-        self, claim: ClaimStatement, values: ClaimValues, ack: tuple[str, list[Any]]
+        self, claim: ClaimStatement, values: ClaimValues, statement: AckStatement, ack: Ack
     ) -> tuple[int, list[Any]]:
         """The acknowledgement ``ack`` first in the skip_locked claim's transaction: one
         commit (one log flush) per batch instead of two. It changes only rows its claim
         holds and the claim never waits (SKIP LOCKED), so no lock cycle can form."""
-        return self._claim_skip_locked(claim, values, ack)
+        return self._claim_skip_locked(
+            claim, values, statement.bind(ack, self.pk_params(list(ack.results)))
+        )
 
     def _claim_skip_locked(
         self, claim: ClaimStatement, values: ClaimValues, ack: tuple[str, list[Any]] | None
@@ -110,37 +91,49 @@ class MySQL(Dialect):
         So one row is locked and read at once; more are locked by the index, then read by
         primary key, which costs less than that from ten rows on (measured at 1, 10, 100).
         """
-        connection = claim.connection
+        connection = connections[claim.alias]
         lock = connection.ops.for_update_sql(skip_locked=True)
         whole_rows = claim.limit == 1
-        candidates, params = claim.candidates(lock, whole_rows=whole_rows, after=values.after)
-        candidates = self.read_ready_index(claim, candidates)
-        acknowledged = 0
-        with short_transaction(connection), connection.cursor() as cursor:
+        params, assignment_params = claim.bind(
+            values, self.leases(values), lock=lock, whole_rows=whole_rows
+        )
+        key = self.shape(values, whole_rows)
+        if key not in claim.sql:
+            candidates, _ = claim.candidates(lock, whole_rows=whole_rows, after=values.after)
+            claim.sql[key] = self.read_ready_index(claim, candidates)
+        claimed_by, acknowledged = (values.pid, values.token), 0
+        with self.short_transaction(connection) as cursor:
             if ack is not None:
                 cursor.execute(*ack)
                 acknowledged = cursor.rowcount
-            cursor.execute(candidates, params)
+            cursor.execute(claim.sql[key], params)
             if whole_rows:
-                rows = claim.rows.load(cursor.fetchall())
+                rows = claim.rows.load(cursor.fetchall(), claimed_by=claimed_by)
                 pks = [row.pk for row in rows]
             else:
                 pks = [pk for (pk,) in cursor.fetchall()]
             if not pks:
                 return acknowledged, []
-            where, pk_params = self.pk_in(claim.pk, len(pks)), self.pk_params(pks)
+            pk_params = self.pk_params(pks)
+            read, update = self._by_pk(claim, values, len(pks))
             if not whole_rows:
-                cursor.execute(
-                    f"SELECT {claim.columns()} FROM {claim.table} WHERE {where}", pk_params
-                )
-                by_pk = {row.pk: row for row in claim.rows.load(cursor.fetchall())}
+                cursor.execute(read, pk_params)
+                loaded = claim.rows.load(cursor.fetchall(), claimed_by=claimed_by)
+                by_pk = {row.pk: row for row in loaded}
                 rows = [by_pk[pk] for pk in pks]  # in claim order
-            assignments, assignment_params = self.assignments(claim, values)
-            cursor.execute(
-                f"UPDATE {claim.table} SET {assignments} WHERE {where}",
-                assignment_params + pk_params,
+            cursor.execute(update, assignment_params + pk_params)
+        return acknowledged, rows
+
+    def _by_pk(self, claim: ClaimStatement, values: ClaimValues, size: int) -> tuple[str, str]:
+        """The SELECT and the claiming UPDATE of ``size`` candidates by primary key."""
+        key = self.shape(values, "by pk", size)
+        if key not in claim.sql:
+            where = self.pk_in(claim.pk, size)
+            claim.sql[key] = f"SELECT {claim.columns()} FROM {claim.table} WHERE {where}"
+            claim.sql[(*key, "update")] = (
+                f"UPDATE {claim.table} SET {self.assignments_sql(claim, values)} WHERE {where}"
             )
-        return acknowledged, mark_claimed(rows, values.pid, values.token)
+        return claim.sql[key], claim.sql[(*key, "update")]
 
     @staticmethod
     def force_ready_index(claim: ClaimStatement) -> str:
@@ -165,9 +158,10 @@ class MySQL(Dialect):
         would also find this consumer's older claims: the token names this one only.
         """
         where, order, where_params = claim.where_and_order(values.after)
-        assignments, assignment_params = self.assignments(claim, values)
+        assignments = self.assignments_sql(claim, values)
+        assignment_params = claim.assigned(values, self.leases(values))
         table = claim.table + self.force_ready_index(claim)
-        with claim.connection.cursor() as cursor:
+        with connections[claim.alias].cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} SET {assignments} WHERE {where} ORDER BY {order} LIMIT %s",
                 assignment_params + where_params + [claim.limit],

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import QuerySet
 
+    from .acks import Ack, AckStatement
     from .compiler import ClaimStatement, ClaimValues
 
 # How often an update_limit claim that lost all its rows to concurrent claims tries again.
@@ -54,7 +55,7 @@ KEPT_CURSOR = "_txqueue_kept_cursor"
 class PostgreSQL(Dialect):
     vendor = "postgresql"
     has_notify = True
-    acks_while_claiming = True
+    acks_while_claiming = frozenset({"skip_locked"})
     resumes_claims = True
 
     def claim_skip_locked(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
@@ -79,7 +80,7 @@ class PostgreSQL(Dialect):
         return []
 
     def ack_and_claim(
-        self, claim: ClaimStatement, values: ClaimValues, ack: tuple[str, list[Any]]
+        self, claim: ClaimStatement, values: ClaimValues, statement: AckStatement, ack: Ack
     ) -> tuple[int, list[Any]]:
         """The acknowledgement ``ack`` and a skip_locked claim in one statement: one round
         trip per batch instead of two. Both run whatever the other finds (a data-modifying
@@ -90,19 +91,16 @@ class PostgreSQL(Dialect):
         A claim that reads other rows (an ordered queue's running items) runs after the
         acknowledgement instead: in one statement it would see them as they were before
         it (one snapshot) and hold their keys back."""
-        ack_sql, ack_params = ack
         if claim.reads_other_rows:
-            with self.hot_cursor(claim.connection) as cursor:
-                cursor.execute(ack_sql, ack_params)
-                acknowledged = int(cursor.rowcount)
-            return acknowledged, self.claim_skip_locked(claim, values)
+            return self.acknowledge(statement, ack), self.claim_skip_locked(claim, values)
+        ack_sql, ack_params = statement.bind(ack, self.pk_params(list(ack.results)))
         claim_sql, claim_params = self._claim_statement(claim, values, "FOR UPDATE SKIP LOCKED")
         sql = (
             f"WITH acked AS ({ack_sql} RETURNING 1), claimed AS ({claim_sql}) "
             "SELECT (SELECT count(*) FROM acked), claimed.* "
             "FROM (SELECT 1) AS one LEFT JOIN claimed ON true"
         )
-        with self.hot_cursor(claim.connection) as cursor:
+        with self.hot_cursor(connections[claim.alias]) as cursor:
             cursor.execute(sql, ack_params + claim_params)
             rows = cursor.fetchall()
         claimed = [row[1:] for row in rows if row[1] is not None]  # the pk: never NULL
@@ -183,16 +181,18 @@ class PostgreSQL(Dialect):
         which the READY partial index's predicate cannot match: with statistics taken
         while the table was empty (autovacuum off, or not yet run), the planner looked
         each id up in that index, a scan of all of it per row."""
-        candidates, candidate_params = claim.candidates(lock, after=values.after)
-        assignments, assignment_params = self.assignments(claim, values)
-        sql = (
-            f"WITH picked ({claim.pk}) AS MATERIALIZED ({candidates}) "
-            f"UPDATE {claim.table} SET {assignments} FROM picked "
-            f"WHERE {claim.table}.{claim.pk} = picked.{claim.pk} "
-            f"AND {claim.table}.{claim.column('status')} + 0 = %s "
-            f"RETURNING {claim.columns()}"
-        )
-        return sql, candidate_params + assignment_params + [int(Status.READY)]
+        candidate_params, assignment_params = claim.bind(values, self.leases(values), lock=lock)
+        key = self.shape(values, lock)
+        if key not in claim.sql:
+            candidates, _ = claim.candidates(lock, after=values.after)
+            claim.sql[key] = (
+                f"WITH picked ({claim.pk}) AS MATERIALIZED ({candidates}) "
+                f"UPDATE {claim.table} SET {self.assignments_sql(claim, values)} FROM picked "
+                f"WHERE {claim.table}.{claim.pk} = picked.{claim.pk} "
+                f"AND {claim.table}.{claim.column('status')} + 0 = %s "
+                f"RETURNING {claim.columns()}"
+            )
+        return claim.sql[key], candidate_params + assignment_params + [int(Status.READY)]
 
     def bulk_rows(self, connection: BaseDatabaseWrapper, types: list[str]) -> str:
         """``unnest`` of one array per column: nine parameters for a thousand rows, which

@@ -7,6 +7,7 @@ Django would and builds the instance directly where nothing could tell that from
 
 from __future__ import annotations
 
+import operator
 from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,6 @@ from django.db.models.functions import Now
 from django.db.models.signals import post_init, pre_init
 from django.db.models.sql.subqueries import UpdateQuery
 
-from ..signals import heard
 from ..status import Status
 
 if TYPE_CHECKING:
@@ -50,17 +50,21 @@ def now_sql(connection: BaseDatabaseWrapper) -> str:
 
 
 class Rows:
-    """Instances of ``model`` from rows of all its concrete columns, read on ``alias``."""
+    """Instances of ``model`` from rows of all its concrete columns, read on ``alias``, in
+    ``order`` (field names, ``-`` for descending: a claim's order)."""
 
-    def __init__(self, model: type[Model], alias: str) -> None:
+    def __init__(self, model: type[Model], alias: str, order: tuple[Any, ...] = ()) -> None:
         self.model = model
         self.alias = alias
+        self.order = order
         self.fields: list[Any] = list(model._meta.concrete_fields)
         self._converters: dict[int, list[tuple[int, list[Any], bool]]] = {}
 
-    def load(self, rows: list[Any]) -> list[Any]:
-        """Instances of ``rows``: each column converted as Django converts it, then the
-        instance built directly when nothing could tell, else through ``from_db``."""
+    def load(self, rows: list[Any], *, claimed_by: tuple[str, int] | None = None) -> list[Any]:
+        """Instances of ``rows`` in ``order`` (RETURNING gives none): each column converted
+        as Django converts it, then the instance built directly when nothing could tell,
+        else through ``from_db``. ``claimed_by``: rows read before their claiming UPDATE,
+        given the values it wrote (``mark_claimed``)."""
         connection = connections[self.alias]
         converters = self.converters(connection)
         fields = self.fields
@@ -74,7 +78,9 @@ class Rows:
                 for convert in functions:
                     values[index] = convert(values[index], fields[index], connection)
             items.append(build(values))
-        return items
+        if claimed_by is not None:
+            mark_claimed(items, *claimed_by)
+        return sort_items(items, self.order)
 
     def from_db(self, values: list[Any]) -> Any:
         return self.model.from_db(self.alias, self.attnames, values)
@@ -112,6 +118,15 @@ class Rows:
         return self._converters[key]
 
 
+def sort_items(items: list[Any], order: tuple[Any, ...]) -> list[Any]:
+    """Put rows in ``order``, where it names fields only."""
+    if not all(isinstance(name, str) for name in order):
+        return items
+    for name in reversed(order):
+        items.sort(key=operator.attrgetter(name.lstrip("-")), reverse=name.startswith("-"))
+    return items
+
+
 def mark_claimed(items: list[Any], pid: str, token: int) -> list[Any]:
     """Give rows read before their claiming UPDATE the values it wrote.
 
@@ -132,7 +147,9 @@ def builds_plainly(model: type[Model]) -> bool:
     ``pre_init`` / ``post_init`` for the model (asked each time, as they may connect
     later), and, fixed per model, no ``from_db`` or ``__init__`` of its own and no field
     that intercepts assignment."""
-    return _plain_model(model) and not heard(pre_init, model) and not heard(post_init, model)
+    return _plain_model(model) and not any(
+        signal.receivers and signal.has_listeners(model) for signal in (pre_init, post_init)
+    )
 
 
 @cache

@@ -27,22 +27,38 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import QuerySet
 
+    from .acks import Ack, AckStatement
     from .compiler import ClaimStatement, ClaimValues
 
 
 class SQLite(Dialect):
     vendor = "sqlite"
+    # The acknowledgement in the claim's transaction: one commit per batch, not two.
+    acks_while_claiming = frozenset({"update_limit"})
+    # Takes the write lock at once, waiting for it through the busy timeout: a deferred
+    # transaction that read first could not wait for it later.
+    begin_sql = "BEGIN IMMEDIATE"
 
     def claim_update_limit(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         """Reserve the first n ready rows and return them, atomically, in one statement."""
-        candidates, candidate_params = claim.candidates()
-        assignments, assignment_params = self.assignments(claim, values)
-        sql = (
-            f"UPDATE {claim.table} SET {assignments} "
-            f"WHERE {claim.pk} IN ({candidates}) "
-            f"RETURNING {claim.columns(qualified=False)}"
-        )
-        return self.fetch(claim, sql, assignment_params + candidate_params)
+        candidate_params, assignment_params = claim.bind(values, self.leases(values))
+        key = self.shape(values)
+        if key not in claim.sql:
+            candidates, _ = claim.candidates(after=values.after)
+            claim.sql[key] = (
+                f"UPDATE {claim.table} SET {self.assignments_sql(claim, values)} "
+                f"WHERE {claim.pk} IN ({candidates}) "
+                f"RETURNING {claim.columns(qualified=False)}"
+            )
+        return self.fetch(claim, claim.sql[key], assignment_params + candidate_params)
+
+    def ack_and_claim(
+        self, claim: ClaimStatement, values: ClaimValues, statement: AckStatement, ack: Ack
+    ) -> tuple[int, list[Any]]:
+        """The acknowledgement ``ack`` and the claim in one transaction."""
+        with self.short_transaction(connections[claim.alias]) as cursor:
+            cursor.execute(*statement.bind(ack, self.pk_params(list(ack.results))))
+            return int(cursor.rowcount), self.claim_update_limit(claim, values)
 
     @contextmanager
     def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> Iterator[bool]:

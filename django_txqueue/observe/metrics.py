@@ -179,13 +179,15 @@ class Recorder:
             self._count_settled()
         self._flush_when_due()
 
-    def settled(self, outcomes: list[Outcome]) -> None:
-        """Outcomes the database has, on the consumer's main thread: noted, and counted
-        with the next claim (or flush), so that a batch's shares, each settled apart,
-        are counted together."""
-        if outcomes:
+    def turn(self, settled: list[Outcome], claimed: list[QueueItem]) -> None:
+        """A turn of the consumer's main thread: the outcomes the database now has,
+        noted, and counted with the next claim (or flush), so that a batch's shares, each
+        settled apart, are counted together; then the items claimed (``claimed``)."""
+        if settled:
             with self._lock:
-                self._settled += outcomes
+                self._settled += settled
+        if claimed:
+            self.claimed(claimed)
 
     def _count_settled(self) -> None:
         """Durations observed, outcomes counted per queue. Not counted: an atomic

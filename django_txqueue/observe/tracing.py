@@ -68,7 +68,7 @@ def current_context() -> dict[str, str] | None:
 def enabled() -> bool:
     """Whether a span would record anything: the API is installed and the project has
     set a tracer provider. Asking costs microseconds (an environment lookup while none
-    is set): a consumer asks once per share of a batch (``execution.runner``)."""
+    is set): a consumer asks once, when it starts (``execution.runner``)."""
     otel = api()
     return bool(otel) and not isinstance(otel.trace.get_tracer_provider(), otel.idle)
 

@@ -29,7 +29,14 @@ from .acks import (
     release,
     retry,
 )
-from .claims import ack_and_claim, claim, claim_values, lease_of, queues_with_due_items
+from .claims import (
+    ack_and_claim,
+    claim,
+    claim_values,
+    lease_of,
+    queues_with_due_items,
+    rides_with_claims,
+)
 from .conflicts import TRANSIENT_RETRIES, retrying_conflicts
 from .consumers import (
     ConsumerIdentity,
@@ -82,6 +89,7 @@ __all__ = [
     "lease_of",
     "ack_and_claim",
     "queues_with_due_items",
+    "rides_with_claims",
     "ack",
     "mark_done",
     "ack_many",

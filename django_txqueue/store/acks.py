@@ -65,18 +65,11 @@ def ack_many(model: type[Model], alias: str, ack: Ack) -> int:
     """
     if not ack.results:
         return 0
-    connection = connections[alias]
-    sql, params = ack_statement(model, alias).bind(ack)
-
-    def run() -> int:
-        with dialect(connection).hot_cursor(connection) as cursor:
-            cursor.execute(sql, params)
-            return int(cursor.rowcount)
-
     # InnoDB may pick an acknowledgement as a deadlock's victim (against an update_limit
     # claim, which locks as it reads), Galera refuse it against a claim of another node:
     # fenced, it is safe to run again.
-    return retrying_conflicts(run, alias)
+    vendor = dialect(connections[alias])
+    return retrying_conflicts(vendor.acknowledge, alias, ack_statement(model, alias), ack)
 
 
 def retry(

@@ -5,16 +5,19 @@ allows.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError
+from django.core.signals import setting_changed
+from django.db import DatabaseError, connections
+from django.dispatch import receiver
 
 from .. import conf
 from ..db import dialect, dialect_for
 from ..db.acks import Ack, ack_statement
-from ..db.compiler import ClaimStatement, ClaimValues, sort_items
+from ..db.compiler import ClaimStatement, ClaimValues
 from ..validation import to_timedelta, validate_pid
 from .acks import ack_many
 from .conflicts import retrying_conflicts
@@ -34,26 +37,46 @@ def claim(
 ) -> list[Any]:
     """Move up to ``statement.limit`` ready items to IN_PROGRESS under a new claim.
 
-    The strategy and the lease are resolved here, once per claim: the strategy from the
-    caller's choice, the setting and the database; ``lease`` None gives each item its
-    queue's ``LEASE``. ``after``: only items that sort after it (``ClaimValues.after``).
+    The strategy is the caller's choice, else the setting's, else the database's best
+    (``resolved_strategy``); ``lease`` None gives each item its queue's ``LEASE``.
+    ``after``: only items that sort after it (``ClaimValues.after``).
     Outside a caller's transaction a claim that lost a race runs again; one that loses
     ``TRANSIENT_RETRIES`` races in a row claims nothing.
     """
+    connection = connections[statement.alias]
+    vendor = dialect(connection)
+    if resolved_strategy(strategy, statement.alias) == "skip_locked":
+        run = vendor.claim_skip_locked
+    else:
+        run = vendor.claim_update_limit
     values = claim_values(statement, pid, lease, after)
-    vendor = dialect(statement.connection)
-    resolved = vendor.resolve_strategy(strategy, statement.connection)
     # Lost a race (a deadlock, or on Galera another node's claim of the same rows
     # certified first): nothing was claimed, so claim again.
     try:
-        items = retrying_conflicts(
-            lambda: vendor.claim(resolved, statement, values), statement.alias
-        )
+        return retrying_conflicts(run, statement.alias, statement, values)
     except DatabaseError as exc:
-        if statement.connection.in_atomic_block or not vendor.is_transient(exc):
+        if connection.in_atomic_block or not vendor.is_transient(exc):
             raise
         return []  # lost every race this turn: the caller claims again
-    return sort_items(items, statement.order)
+
+
+@functools.cache
+def resolved_strategy(strategy: str, alias: str) -> str:
+    """``strategy`` ("auto": the setting's, then the database's best) as database
+    ``alias`` runs it; asked once, until the settings change."""
+    return dialect_for(alias).resolve_strategy(strategy, connections[alias])
+
+
+@receiver(setting_changed)
+def _settings_changed(setting: str, **kwargs: Any) -> None:
+    if setting in ("TXQUEUE", "DATABASES"):
+        resolved_strategy.cache_clear()
+
+
+def rides_with_claims(strategy: str, alias: str) -> bool:
+    """Whether claims of ``strategy`` on database ``alias`` carry the last batch's
+    acknowledgement (``ack_and_claim``): a consumer then leaves its successes to them."""
+    return resolved_strategy(strategy, alias) in dialect_for(alias).acks_while_claiming
 
 
 def claim_values(
@@ -95,25 +118,22 @@ def ack_and_claim(
     ``claim``: together where the database can (skip_locked: one statement on PostgreSQL,
     one transaction on MySQL and MariaDB), else one after the other. Returns the number
     acknowledged and the claimed items."""
-    vendor = dialect(statement.connection)
-    resolved = vendor.resolve_strategy(strategy, statement.connection)
-    if ack is None or not (
-        ack.results and resolved == "skip_locked" and vendor.acks_while_claiming
-    ):
+    connection = connections[statement.alias]
+    vendor = dialect(connection)
+    resolved = resolved_strategy(strategy, statement.alias)
+    if ack is None or not (ack.results and resolved in vendor.acks_while_claiming):
         acked = 0 if ack is None else ack_many(statement.model, statement.alias, ack)
         return acked, claim(statement, pid=pid, strategy=resolved, lease=lease, after=after)
     values = claim_values(statement, pid, lease, after)
-    bound = ack_statement(statement.model, statement.alias).bind(ack)
+    acks = ack_statement(statement.model, statement.alias)
     try:
-        acked, items = retrying_conflicts(
-            lambda: vendor.ack_and_claim(statement, values, bound), statement.alias
-        )
+        run = vendor.ack_and_claim
+        return retrying_conflicts(run, statement.alias, statement, values, acks, ack)
     except DatabaseError as exc:
-        if statement.connection.in_atomic_block or not vendor.is_transient(exc):
+        if connection.in_atomic_block or not vendor.is_transient(exc):
             raise
         # The claim kept losing races, and took the acknowledgement down with it.
         return ack_many(statement.model, statement.alias, ack), []
-    return acked, sort_items(items, statement.order)
 
 
 def queues_with_due_items(model: type[Model], alias: str, names: list[str]) -> set[str]:

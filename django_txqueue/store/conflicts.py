@@ -28,10 +28,12 @@ T = TypeVar("T")
 TRANSIENT_RETRIES = 10
 
 
-def retrying_conflicts(run: Callable[[], T], using: str, retries: int = TRANSIENT_RETRIES) -> T:
-    """Run ``run``, a transaction of its own on ``using`` (one statement in autocommit, or
-    an atomic block inside ``run``), again up to ``retries`` times with a short jittered
-    pause while a conflict refuses it (``Dialect.is_transient``).
+def retrying_conflicts(
+    run: Callable[..., T], using: str, *args: Any, retries: int = TRANSIENT_RETRIES
+) -> T:
+    """``run(*args)``, a transaction of its own on ``using`` (one statement in autocommit,
+    or an atomic block inside ``run``), run again up to ``retries`` times with a short
+    jittered pause while a conflict refuses it (``Dialect.is_transient``).
 
     Inside the caller's transaction it runs once: the conflict rolled the caller's whole
     transaction back (Galera aborts it all), so only the caller can run it again
@@ -39,16 +41,15 @@ def retrying_conflicts(run: Callable[[], T], using: str, retries: int = TRANSIEN
     """
     connection = connections[using]
     if connection.in_atomic_block:
-        return run()
-    vendor = dialect(connection)
+        return run(*args)
     for attempt in range(retries):
         try:
-            return run()
+            return run(*args)
         except DatabaseError as exc:
-            if not vendor.is_transient(exc) or connection.in_atomic_block:
+            if not dialect(connection).is_transient(exc) or connection.in_atomic_block:
                 raise
             time.sleep(random.uniform(0.005, 0.02) * 2 ** min(attempt, 4))
-    return run()
+    return run(*args)
 
 
 def update_retrying(rows: QuerySet[Any], **changes: Any) -> int:
