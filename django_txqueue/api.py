@@ -27,13 +27,11 @@ from .observe import reads, tracing
 from .status import Status
 from .store import fairness
 from .validation import (
-    INT_RANGE,
-    check_json,
+    checked_queue_name,
+    item_values,
     to_timedelta,
     validate_int,
-    validate_label,
     validate_queue_name,
-    validate_run_at,
 )
 
 if TYPE_CHECKING:
@@ -77,7 +75,8 @@ def home_database(queue: str) -> str:
     """Where ``queue``'s rows live: its ``DATABASE`` setting, else ``TXQUEUE["DATABASE"]``,
     else the router's answer for ``QueueItem`` (given the queue's name as the ``queue``
     hint)."""
-    return str(conf.queue_option(queue, "DATABASE") or router.db_for_write(QueueItem, queue=queue))
+    placed = conf.queue_options(queue)["DATABASE"]
+    return str(placed or router.db_for_write(QueueItem, queue=queue))
 
 
 def items_database(queue: str) -> str:
@@ -149,7 +148,10 @@ class Queue:
     """
 
     def __init__(self, name: str, using: str | None = None) -> None:
-        self.name = validate_queue_name(name)
+        try:
+            self.name = checked_queue_name(name)
+        except TypeError:  # not a string; an unhashable one (a list) never reached the check
+            self.name = validate_queue_name(name)
         self.chosen = using is not None
         self.using: str = using or home_database(self.name)
 
@@ -185,7 +187,7 @@ class Queue:
         With ``dedup_key``, while an unfinished item of this queue has the same key that
         item is returned and nothing is written.
         """
-        item = self.build(
+        values = self.values(
             payload,
             priority=priority,
             run_at=run_at,
@@ -194,40 +196,45 @@ class Queue:
             dedup_key=dedup_key,
             max_attempts=max_attempts,
         )
-        return self._add([item], varying=None)[0]
+        return self._add(values, [payload], varying=None)[0]
 
     def enqueue_many(self, payloads: Iterable[Any], **options: Any) -> list[QueueItem]:
         """Add many items with the same options, one INSERT per batch, all or none."""
         if options.get("dedup_key") is not None:
             raise ValueError("dedup_key names one item; enqueue such items one at a time")
         payloads = list(payloads)
-        make = self.maker(**options)  # the options are checked once, not per item
-        check_json(payloads, f"payload for queue {self.name!r}")  # one pass for all
-        items = [make(payload) for payload in payloads]
-        if not items:
+        values = self.values(payloads, **options)  # the payloads checked in one pass
+        if not payloads:
             return []
-        return self._add(items, varying=["payload"])
+        return self._add(values, payloads, varying=["payload"])
 
-    def _add(self, items: list[QueueItem], varying: list[str] | None) -> list[QueueItem]:
-        """Give a fair queue's items their rounds, store them, wake idle consumers."""
+    def _add(
+        self, values: dict[str, Any], payloads: list[Any], varying: list[str] | None
+    ) -> list[QueueItem]:
+        """Store items of ``values``, one per payload; wake idle consumers."""
         if not self.chosen:
             refuse_other_transaction(self.using, f"queue {self.name!r}")
-        if fairness.is_fair(self.name):
-            fairness.assign_rounds(items, self.using)
-            varying = varying and [*varying, "round"]
-        max_size = conf.queue_option(self.name, "MAX_SIZE")
+        options = conf.queue_options(self.name)
+        fair = bool(options["FAIR"])
+        if fair and varying:
+            varying = [*varying, "round"]
+        max_size = options["MAX_SIZE"]
         bound = None if max_size is None else (max_size, QueueBound)
-        added = store.enqueue(items, self.using, bound=bound, varying=varying)
+        added = store.enqueue(
+            QueueItem, self.using, values, payloads, fair=fair, bound=bound, varying=varying
+        )
         wake_local_consumers(self.name, self.using)
         return added
 
     def build(self, payload: Any, **options: Any) -> QueueItem:
         """A validated, unsaved item. Raises TypeError or ValueError; runs no query."""
-        check_json(payload, f"payload for queue {self.name!r}")
-        return self.maker(**options)(payload)
+        values = self.values(payload, **options)
+        item: QueueItem = inserts(QueueItem, self.using).new(**values, payload=payload)
+        return item
 
-    def maker(
+    def values(
         self,
+        payload: Any,
         *,
         priority: int = 0,
         run_at: datetime | None = None,
@@ -235,32 +242,30 @@ class Queue:
         key: str | None = None,
         dedup_key: str | None = None,
         max_attempts: int | None = None,
-    ) -> Callable[[Any], QueueItem]:
-        """Check ``enqueue``'s options; returns what makes an unsaved item of them for a
-        payload (not checked: the caller has). Raises TypeError or ValueError."""
-        validate_int(priority, "priority", *INT_RANGE)
-        if run_at is not None and delay is not None:
-            raise ValueError("pass run_at or delay, not both")
-        if max_attempts is None:
-            max_attempts = conf.queue_option(self.name, "MAX_ATTEMPTS")
-        if key is None and (setting := fairness.needs_key(self.name)):
-            raise ValueError(f"queue {self.name!r} has {setting}: each item needs a key")
-        values = {
-            "queue": self.name,
-            "priority": priority,
-            "key": validate_label(key, "key"),
-            "dedup_key": validate_label(dedup_key, "dedup_key"),
-            "max_attempts": validate_int(max_attempts, "max_attempts", 1),
-        }
-        if run_at is not None:
-            values["run_at"] = validate_run_at(run_at)
-        elif delay is not None:
+    ) -> dict[str, Any]:
+        """Check ``payload`` (one item's, or a list of many's) and ``enqueue``'s options;
+        returns the new items' fields but the payload. Raises TypeError or ValueError."""
+        options = conf.queue_options(self.name)
+        values = item_values(
+            self.name,
+            payload,
+            priority=priority,
+            run_at=run_at,
+            delay=delay,
+            key=key,
+            dedup_key=dedup_key,
+            max_attempts=options["MAX_ATTEMPTS"] if max_attempts is None else max_attempts,
+        )
+        if key is None:
+            setting = next((name for name in fairness.KEYED_BY if options[name]), None)
+            if setting is not None:
+                raise ValueError(f"queue {self.name!r} has {setting}: each item needs a key")
+        if "delay" in values:
             # Due by the database clock, like every other time comparison.
-            values["run_at"] = store.now_plus(to_timedelta(delay, "delay"))
+            values["run_at"] = store.now_plus(values.pop("delay"))
         if (trace_context := tracing.current_context()) is not None:
             values["trace_context"] = trace_context  # else not written at all
-        make = inserts(QueueItem, self.using).maker(**values)
-        return lambda payload: make(payload=payload)
+        return values
 
     # -- consuming -----------------------------------------------------------------
 

@@ -8,7 +8,9 @@ overrides the setting.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from datetime import timedelta
+from types import MappingProxyType
 from typing import Any
 
 from django.conf import settings
@@ -103,6 +105,7 @@ def _merged() -> dict[str, Any]:
 def _reload(setting: str, **kwargs: Any) -> None:
     if setting == "TXQUEUE":
         _merged.cache_clear()
+        queue_options.cache_clear()
 
 
 def get(key: str) -> Any:
@@ -117,6 +120,13 @@ def queue_option(queue: str, key: str) -> Any:
         return overrides[key]
     fallback = QUEUE_KEYS[key]
     return get(fallback) if fallback else None
+
+
+@functools.cache
+def queue_options(queue: str) -> Mapping[str, Any]:
+    """Every per-queue key (``QUEUE_KEYS``) as ``queue`` has it (``queue_option``), read
+    once until the setting changes: what an enqueue asks of its queue's settings."""
+    return MappingProxyType({key: queue_option(queue, key) for key in QUEUE_KEYS})
 
 
 def lease(queue: str | None = None) -> timedelta:

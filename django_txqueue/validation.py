@@ -7,6 +7,7 @@ before anything is written.
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime, timedelta
 from typing import Any
@@ -34,6 +35,44 @@ def validate_queue_name(name: Any) -> str:
     if problem is None:
         return str(name)
     raise (TypeError if not isinstance(name, str) else ValueError)(problem)
+
+
+def item_values(
+    queue: str,
+    payload: Any,
+    *,
+    priority: int,
+    run_at: datetime | None,
+    delay: float | timedelta | None,
+    key: str | None,
+    dedup_key: str | None,
+    max_attempts: int,
+) -> dict[str, Any]:
+    """The checked fields of a new item of ``queue`` with ``enqueue``'s options, but the
+    payload, which is checked as JSON (one item's, or a list of many's, at once):
+    ``run_at`` only when given, a ``delay`` as a timedelta under ``"delay"`` (the caller
+    adds it to the database clock)."""
+    check_json(payload, f"payload for queue {queue!r}")
+    validate_int(priority, "priority", *INT_RANGE)
+    if run_at is not None and delay is not None:
+        raise ValueError("pass run_at or delay, not both")
+    values: dict[str, Any] = {
+        "queue": queue,
+        "priority": priority,
+        "key": validate_label(key, "key"),
+        "dedup_key": validate_label(dedup_key, "dedup_key"),
+        "max_attempts": validate_int(max_attempts, "max_attempts", 1),
+    }
+    if run_at is not None:
+        values["run_at"] = validate_run_at(run_at)
+    elif delay is not None:
+        values["delay"] = to_timedelta(delay, "delay")
+    return values
+
+
+# A process enqueues into a few queues, each many times: their names are checked once.
+# Unhashable names (a list) make the cache raise TypeError: call validate_queue_name then.
+checked_queue_name = functools.lru_cache(maxsize=1024)(validate_queue_name)
 
 
 def validate_label(value: Any, what: str) -> str | None:

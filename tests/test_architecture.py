@@ -266,6 +266,7 @@ def test_the_walks(transactional_db, capsys):
     producing = walks["enqueue"]
     assert set(producing.path()) <= PRODUCING, set(producing.path()) - PRODUCING
     assert producing.path()[0] == "api"
+    assert producing.repeated() == {}
     consuming = set(walks["claim, handle, acknowledge"].path())
     assert {"consumer.worker", "consumer.settle", "store.acks", "store.claims"} <= consuming
     assert not consuming & {"admin", "observe.reads", "observe.chart", "observe.health"}

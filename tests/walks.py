@@ -78,6 +78,7 @@ class Walk:
 
     def __init__(self) -> None:
         self.entered: list[str] = []
+        self.entries: list[tuple[str, bool]] = []  # (module, whether from outside)
         self.by_thread: list[tuple[str, str]] = []
         self._modules: dict[str, str | None] = {}
 
@@ -100,11 +101,15 @@ class Walk:
         came_from = None if caller is None else self._module(caller.f_code.co_filename)
         if came_from != module and not resumed(frame) and not own_method(frame, caller):
             self.entered.append(module)
+            self.entries.append((module, came_from is None))
             self.by_thread.append((thread_role(), module))
 
     def repeated(self) -> dict[str, int]:
-        """The modules entered more than once, and how often."""
-        return {name: n for name, n in Counter(self.entered).items() if n > 1}
+        """The modules entered more than once from the package, and how often. A call
+        from outside (the caller's own, or one Django makes at the caller's commit, an
+        ``on_commit`` callback) starts a walk of its own."""
+        inside = Counter(module for module, outside in self.entries if not outside)
+        return {name: n for name, n in inside.items() if n > 1}
 
     def path(self) -> list[str]:
         """The modules in the order first entered."""

@@ -10,7 +10,7 @@ columns are written, and the SQL of those given as expressions, such as a delaye
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from functools import cached_property
+from functools import cache, cached_property
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -69,6 +69,7 @@ class Inserts(Generic[M]):
             for name, field in self.fields.items()
         ]
         self.auto_pk = self.pk.attname not in self.fields
+        self.dialect = dialect(connections[alias])
         self._statements: dict[tuple[Shape, int], tuple[str, str, str]] = {}
         self._bulk: dict[Shape, tuple[str, bool] | None] = {}
         self._computed: dict[Shape, list[str]] = {}
@@ -106,6 +107,24 @@ class Inserts(Generic[M]):
         if any(callable(field.default) for field in fields if field.has_default()):
             return None
         return {field.attname: field.get_default() for field in fields}
+
+    def add(
+        self,
+        values: dict[str, Any],
+        payloads: Sequence[Any],
+        first_round: int | None = None,
+        varying: Sequence[str] | None = None,
+    ) -> list[M]:
+        """New rows, one per payload, of ``values`` and that ``payload`` (with
+        ``first_round``, the rounds from it on, one each), inserted all or none
+        (``insert``); the instances."""
+        make = self.maker(**values)
+        items = [make(payload=payload) for payload in payloads]
+        if first_round is not None:
+            for number, item in enumerate(items, start=first_round):
+                item.round = number  # type: ignore[attr-defined]
+        self.insert(items, varying=varying)
+        return items
 
     def insert(self, items: Sequence[M], *, varying: Sequence[str] | None = None) -> None:
         """Insert ``items`` (unsaved instances of the model), all or none, and give each
@@ -239,7 +258,7 @@ class Inserts(Generic[M]):
         else:
             sql, returning = self.statement(connection, shape, len(items))
             params = [value for row in rows for value in row]
-        with dialect(connection).hot_cursor(connection) as cursor:
+        with self.dialect.hot_cursor(connection) as cursor:
             cursor.execute(sql, params)
             if returning:
                 pks = [row[0] for row in cursor.fetchall()]
@@ -342,15 +361,10 @@ class Inserts(Generic[M]):
         return self._statements[key]
 
 
-_inserts: dict[tuple[type[Model], str], Inserts[Any]] = {}
-
-
+@cache
 def inserts(model: type[M], alias: str) -> Inserts[M]:
     """The ``Inserts`` of ``model`` on database ``alias``, made on first use."""
-    key = (model, alias)
-    if key not in _inserts:
-        _inserts[key] = Inserts(model, alias)
-    return _inserts[key]
+    return Inserts(model, alias)
 
 
 def insert_or_ignore(instance: Model, fields: Sequence[str], alias: str) -> bool:

@@ -31,16 +31,12 @@ from ..db.rounds import read_rounds
 from ..status import Status
 
 if TYPE_CHECKING:
-    from django.db.models import QuerySet
+    from django.db.models import Model, QuerySet
 
     from ..models import QueueItem
 
 # Queue.stats() names this many of the keys with the most waiting items.
 TOP_KEYS = 10
-
-
-def is_fair(queue: str) -> bool:
-    return bool(conf.queue_option(queue, "FAIR"))
 
 
 def in_flight_limit(queue: str) -> int | None:
@@ -51,20 +47,21 @@ def in_flight_limit(queue: str) -> int | None:
     return None if limit is None else int(limit)
 
 
+# The queue settings that make every item need a key.
+KEYED_BY = ("FAIR", "ORDERED", "MAX_IN_FLIGHT_PER_KEY")
+
+
 def needs_key(queue: str) -> str | None:
     """The setting that makes every item of ``queue`` need a key, or None."""
-    for setting in ("FAIR", "ORDERED", "MAX_IN_FLIGHT_PER_KEY"):
-        if conf.queue_option(queue, setting):
-            return setting
-    return None
+    options = conf.queue_options(queue)
+    return next((setting for setting in KEYED_BY if options[setting]), None)
 
 
-def assign_rounds(items: list[QueueItem], using: str) -> None:
-    """Give new items of one fair queue, all of one key, their rounds, in order."""
-    first = items[0]
-    served, newest = read_rounds(type(first), first.queue, first.key, using)
-    for number, item in enumerate(items, start=max(served, newest) + 1):
-        item.round = number
+def first_round(model: type[Model], queue: str, key: str | None, using: str) -> int:
+    """The round of a new item of fair ``queue`` and ``key`` (the next ones of the same
+    enqueue take the rounds after it)."""
+    served, newest = read_rounds(model, queue, key, using)
+    return max(served, newest) + 1
 
 
 def in_key_order(items: QuerySet[QueueItem], limit: int) -> QuerySet[QueueItem]:

@@ -14,9 +14,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ..db import dialect_for
-from ..db.inserts import insert_or_ignore, inserts
+from ..db.inserts import Inserts, insert_or_ignore, inserts
 from ..exceptions import QueueFull
 from ..status import Status
+from . import fairness
 from .conflicts import delete_retrying, retrying_conflicts
 
 if TYPE_CHECKING:
@@ -29,61 +30,85 @@ DEDUP_INSERT_ATTEMPTS = 3
 
 
 def enqueue(
-    items: list[QueueItem],
+    model: type[QueueItem],
     using: str,
+    values: dict[str, Any],
+    payloads: Sequence[Any],
     *,
+    fair: bool = False,
     bound: tuple[int, type[Model]] | None = None,
     varying: Sequence[str] | None = None,
 ) -> list[QueueItem]:
-    """Insert new items of one queue in the caller's transaction, all or none.
+    """Insert new items of one queue, one per payload, made of ``values`` (the fields but
+    the payload), in the caller's transaction, all or none; the items.
 
-    One item with a ``dedup_key`` gives way to its unfinished twin, which is returned in
-    its place. With ``bound``, the queue's size limit and the model of its bound row,
-    the queue's unfinished items are counted under that row's lock first, and
-    ``QueueFull`` is raised having written nothing when the items do not fit.
-    ``varying``: the only fields whose values differ between the items, if known (the
-    INSERT converts the others once). Outside a caller's transaction the enqueue is a
-    transaction of its own, run again when a conflict refuses it.
+    ``fair``: each item joins its round (``fairness.first_round``). One item with a
+    ``dedup_key`` gives way to its unfinished twin, which is returned in its place. With
+    ``bound``, the queue's size limit and the model of its bound row, the queue's
+    unfinished items are counted under that row's lock first, and ``QueueFull`` is
+    raised having written nothing when the items do not fit. ``varying``: the only fields
+    whose values differ between the items, if known (the INSERT converts the others
+    once). Outside a caller's transaction the enqueue is a transaction of its own, run
+    again when a conflict refuses it.
     """
-    return retrying_conflicts(lambda: _enqueue(items, using, bound, varying), using)
+    first_round = None
+    if fair:
+        first_round = fairness.first_round(model, values["queue"], values.get("key"), using)
+    rows = inserts(model, using)
+    if bound is None and (len(payloads) > 1 or values.get("dedup_key") is None):
+        # The usual enqueue: the INSERT alone.
+        return retrying_conflicts(rows.add, using, values, payloads, first_round, varying)
+    return retrying_conflicts(
+        _enqueue_guarded, using, rows, values, payloads, first_round, bound, varying
+    )
 
 
-def _enqueue(
-    items: list[QueueItem],
-    using: str,
+def _enqueue_guarded(
+    rows: Inserts[QueueItem],
+    values: dict[str, Any],
+    payloads: Sequence[Any],
+    first_round: int | None,
     bound: tuple[int, type[Model]] | None,
     varying: Sequence[str] | None,
 ) -> list[QueueItem]:
-    if bound is not None:
-        max_size, bounds = bound
-        # savepoint=False: inside the caller's transaction it adds no query, and outside
-        # one the lock, the count and the insert still share a transaction of their own.
-        with transaction.atomic(using=using, savepoint=False):
-            current = lock_and_count(items[0], bounds, using)
-            if current + len(items) <= max_size:
-                return insert_new(items, using, varying)
-            # A full queue still answers with the unfinished twin: it adds nothing.
-            twin = unfinished_twin(items[0], using) if len(items) == 1 else None
-            if twin is not None:
-                return [twin]
-        # Raised outside the block, which would otherwise doom the caller's transaction.
-        raise QueueFull(items[0], current)
-    return insert_new(items, using, varying)
+    """A bounded queue's enqueue, or one item's with a dedup_key: the bound checked and
+    the twin looked for in the insert's transaction."""
+    using, queue, dedup_key = rows.alias, values["queue"], values.get("dedup_key")
+    unique = len(payloads) == 1 and dedup_key is not None
+    if bound is None:
+        return [insert_unique(rows, values, payloads[0], first_round)]
+    max_size, bounds = bound
+    # savepoint=False: inside the caller's transaction it adds no query, and outside
+    # one the lock, the count and the insert still share a transaction of their own.
+    with transaction.atomic(using=using, savepoint=False):
+        current = lock_and_count(rows.model, queue, bounds, using)
+        if current + len(payloads) <= max_size:
+            if unique:
+                return [insert_unique(rows, values, payloads[0], first_round)]
+            return rows.add(values, payloads, first_round, varying)
+        # A full queue still answers with the unfinished twin: it adds nothing.
+        twin = unfinished_twin(rows.model, queue, dedup_key, using) if unique else None
+        if twin is not None:
+            return [twin]
+    # Raised outside the block, which would otherwise doom the caller's transaction.
+    raise QueueFull(rows.new(**values, payload=payloads[0]), current)
 
 
-def unfinished_twin(item: QueueItem, using: str) -> QueueItem | None:
-    """The unfinished item of ``item``'s queue that holds its dedup_key, if any."""
-    if item.dedup_key is None:
+def unfinished_twin(
+    model: type[QueueItem], queue: str, dedup_key: str | None, using: str
+) -> QueueItem | None:
+    """The unfinished item of ``queue`` that holds ``dedup_key``, if any."""
+    if dedup_key is None:
         return None
-    twins = type(item)._default_manager.using(using)
+    twins = model._default_manager.using(using)
     found: QueueItem | None = twins.filter(
-        active_dedup_queue=item.queue, active_dedup_key=item.dedup_key
+        active_dedup_queue=queue, active_dedup_key=dedup_key
     ).first()
     return found
 
 
-def lock_and_count(item: QueueItem, bounds: type[Model], using: str) -> int:
-    """Lock the bound row of ``item``'s queue, then count the queue's unfinished items.
+def lock_and_count(model: type[QueueItem], queue: str, bounds: type[Model], using: str) -> int:
+    """Lock the bound row of ``queue``, then count the queue's unfinished items.
 
     The lock is held until the caller's transaction ends, so the count stays true until
     its insert commits: producers of this queue take turns, whatever the database. Only
@@ -91,10 +116,10 @@ def lock_and_count(item: QueueItem, bounds: type[Model], using: str) -> int:
     finishing items only lower the count and need no lock. Lock order is always the
     bound row, then items; a claim never takes the bound row.
     """
-    lock_bound(bounds, item.queue, using)
+    lock_bound(bounds, queue, using)
     # An OR of equalities, which PostgreSQL matches to the partial indexes (not so IN).
     unfinished = Q(status=Status.READY) | Q(status=Status.IN_PROGRESS)
-    items = type(item)._default_manager.using(using).filter(unfinished, queue=item.queue)
+    items = model._default_manager.using(using).filter(unfinished, queue=queue)
     return int(items.count())
 
 
@@ -114,45 +139,31 @@ def lock_bound(bounds: type[Model], queue: str, using: str) -> None:
     )
 
 
-def insert_new(
-    items: list[QueueItem], using: str, varying: Sequence[str] | None = None
-) -> list[QueueItem]:
-    """Insert the items: one with a dedup_key gives way to its unfinished twin."""
-    if len(items) == 1 and items[0].dedup_key is not None:
-        return [insert_unique(items[0], using)]
-    return insert_many(items, using, varying)
-
-
 def insert(item: QueueItem, using: str) -> QueueItem:
     inserts(type(item), using).insert([item])
     return item
 
 
-def insert_many(
-    items: list[QueueItem], using: str, varying: Sequence[str] | None = None
-) -> list[QueueItem]:
-    """One INSERT per batch, all or none. ``varying``: the only fields whose values
-    differ between the items, if known."""
-    inserts(type(items[0]), using).insert(items, varying=varying)
-    return items
-
-
-def insert_unique(item: QueueItem, using: str) -> QueueItem:
-    """Insert, or return the unfinished item of the same queue holding the same dedup_key.
+def insert_unique(
+    rows: Inserts[QueueItem], values: dict[str, Any], payload: Any, first_round: int | None
+) -> QueueItem:
+    """Insert the item of ``values`` and ``payload`` (in round ``first_round``, if any), or
+    return the unfinished item of the same queue holding the same dedup_key.
 
     The unique index on (active_dedup_queue, active_dedup_key) decides races between
     producers; the savepoint keeps the caller's transaction usable after a conflict.
     """
+    using, queue, dedup_key = rows.alias, values["queue"], values["dedup_key"]
     for _ in range(DEDUP_INSERT_ATTEMPTS):
         try:
             with transaction.atomic(using=using):
-                return insert(item, using)
+                return rows.add(values, [payload], first_round)[0]
         except IntegrityError:
-            holder = unfinished_twin(item, using)
+            holder = unfinished_twin(rows.model, queue, dedup_key, using)
             if holder is not None:
                 return holder
     raise IntegrityError(
-        f"could not enqueue dedup_key {item.dedup_key!r} on queue {item.queue!r}: "
+        f"could not enqueue dedup_key {dedup_key!r} on queue {queue!r}: "
         "its unfinished twin kept changing"
     )
 
