@@ -13,23 +13,28 @@ if TYPE_CHECKING:
     from .api import Queue, enqueue, enqueue_many, run_in_transaction
     from .consumer.registry import handler
     from .exceptions import QueueFull
+    from .flows import Flow, chain, group, step
     from .idempotency import once
     from .models import Consumer, QueueItem, QueueModel, Status
     from .outbox import on_commit
 
 __all__ = [
     "Consumer",
+    "Flow",
     "Queue",
     "QueueFull",
     "QueueItem",
     "QueueModel",
     "Status",
+    "chain",
     "enqueue",
     "enqueue_many",
+    "group",
     "handler",
     "on_commit",
     "once",
     "run_in_transaction",
+    "step",
 ]
 
 _HOMES = {
@@ -38,6 +43,10 @@ _HOMES = {
     "enqueue_many": "api",
     "run_in_transaction": "api",
     "QueueFull": "exceptions",
+    "Flow": "flows",
+    "chain": "flows",
+    "group": "flows",
+    "step": "flows",
     "Consumer": "models",
     "QueueItem": "models",
     "QueueModel": "models",

@@ -11,6 +11,7 @@ Everything users wrote (payloads, keys, errors, queue names) goes out escaped.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
@@ -34,7 +35,7 @@ from django.db.models import (
     When,
 )
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.functional import cached_property
@@ -46,8 +47,18 @@ from django.utils.timesince import timesince
 from . import conf, schedule
 from .api import Queue, queue_databases, requeue_all_stuck
 from .db import dialect_for
-from .models import Consumer, Dashboard, QueueItem, QueueItemQuerySet, Status, stuck_condition
+from .flows import Flow
+from .models import (
+    Consumer,
+    Dashboard,
+    QueueDependency,
+    QueueItem,
+    QueueItemQuerySet,
+    Status,
+    stuck_condition,
+)
 from .observe.chart import throughput_chart
+from .observe.flowchart import MOST_DRAWN, flow_chart
 from .observe.reads import overview_of, stuck_items
 from .status import FINISHED
 
@@ -58,8 +69,11 @@ STATUS_COLOURS: dict[int, str] = {
     Status.DONE: "#16a34a",
     Status.FAILED: "#dc2626",
     Status.CANCELLED: "#6b7280",
+    Status.WAITING: "#0891b2",
 }
 STUCK_COLOUR = "#9333ea"
+# A flow's page lists at most this many of its items (its counts cover all).
+FLOW_PAGE_ROWS = 500
 
 # ModelAdmin and Paginator are generic only in django-stubs; at run time neither can be
 # subscripted.
@@ -155,6 +169,27 @@ class StuckFilter(admin.SimpleListFilter):
         return queryset
 
 
+class FlowFilter(admin.SimpleListFilter):
+    """The items of one flow (``?flow=<id>``), linked from its page. Flows are too many
+    to list: the filter shows only while one is chosen (a filter with no choice shown is
+    not applied)."""
+
+    title = "flow"
+    parameter_name = "flow"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        chosen = self.value()
+        return [(str(chosen), "this flow")] if chosen else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if not self.value():
+            return queryset
+        try:
+            return queryset.filter(flow=uuid.UUID(str(self.value())))
+        except ValueError:
+            return queryset.none()  # no flow has such an id
+
+
 def item_id(text: str) -> int | None:
     """``text`` as an item id, or None: ASCII digits only ("²" is a digit to Python, not
     to int()), and within a BIGINT, beyond which no id exists."""
@@ -176,7 +211,7 @@ class QueueItemAdmin(QueueItemModelAdmin):
         "age",
         "pid",
     )
-    list_filter = ("status", QueueNameFilter, StuckFilter)
+    list_filter = ("status", QueueNameFilter, StuckFilter, FlowFilter)
     search_fields = ("key", "dedup_key")  # read by get_search_results below, exactly
     search_help_text = "An id, a key or a dedup key (exact)."
     ordering = ("-id",)
@@ -192,6 +227,7 @@ class QueueItemAdmin(QueueItemModelAdmin):
         ("attempts", "max_attempts"),
         ("pid", "claimed_at", "lease_expires_at"),
         "cancel_requested_at",
+        "flow_link",
         "trace_context",  # the enqueuer's W3C trace context, to find its trace (tracing)
         "payload_pretty",
         "result_pretty",
@@ -234,6 +270,60 @@ class QueueItemAdmin(QueueItemModelAdmin):
     def last_error_pretty(self, item: QueueItem) -> SafeString:
         return format_html("<pre>{}</pre>", item.last_error)
 
+    @admin.display(description="flow")
+    def flow_link(self, item: QueueItem) -> SafeString | str:
+        if item.flow is None:
+            return "–"
+        url = reverse("admin:django_txqueue_queueitem_flow", args=[item.pk])
+        waiting = f", waiting for {item.waiting_for}" if item.status == Status.WAITING else ""
+        return format_html('<a href="{}">the whole flow</a>{}', url, waiting)
+
+    # -- a flow's page -----------------------------------------------------------------
+
+    def flow_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """GET: the flow of item ``object_id``: a picture of its items and edges, and the
+        items. POST (change permission): cancel its unfinished items."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        pk = item_id(object_id)
+        item = QueueItem.objects.filter(pk=pk).first() if pk is not None else None
+        if item is None or item.flow is None:
+            raise Http404("no such item, or it belongs to no flow")
+        flow = Flow.of(item)
+        if request.method == "POST":
+            if not self.has_change_permission(request):
+                raise PermissionDenied
+            cancelled = QueueItem.objects.filter(flow=flow.id).cancel()
+            self.message_user(
+                request, f"Cancelled {cancelled} item(s) of the flow.", messages.SUCCESS
+            )
+            return HttpResponseRedirect(request.path)
+        pks = [i.pk for i in flow.items]
+        parents: dict[Any, list[Any]] = {}
+        for waiter, parent in QueueDependency.objects.filter(item_id__in=pks).values_list(
+            "item_id", "parent_id"
+        ):
+            parents.setdefault(waiter, []).append(parent)
+        for each in flow.items:  # what each waits for, as the table says it
+            each.parents_text = ", ".join(  # type: ignore[attr-defined]
+                f"#{p}" for p in sorted(parents.get(each.pk, []))
+            )
+        shown = [
+            (i.pk, i.queue, Status(i.status).label, STATUS_COLOURS[i.status]) for i in flow.items
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Flow of item {item.pk}",
+            "flow": flow,
+            "items": flow.items[:FLOW_PAGE_ROWS],
+            "parents": parents,
+            "counts": {Status(s).label: n for s, n in flow.counts().items()},
+            "chart": flow_chart(shown, parents) if len(shown) <= MOST_DRAWN else None,
+            "can_cancel": self.has_change_permission(request),
+        }
+        return TemplateResponse(request, "admin/django_txqueue/queueitem/flow.html", context)
+
     # -- the stuck page ----------------------------------------------------------------
 
     def get_urls(self) -> list[URLPattern]:
@@ -242,7 +332,12 @@ class QueueItemAdmin(QueueItemModelAdmin):
             self.admin_site.admin_view(self.stuck_view),
             name="django_txqueue_queueitem_stuck",
         )
-        return [stuck, *super().get_urls()]  # before "<path:object_id>/" can take it
+        flow = path(
+            "<path:object_id>/flow/",
+            self.admin_site.admin_view(self.flow_view),
+            name="django_txqueue_queueitem_flow",
+        )
+        return [stuck, flow, *super().get_urls()]  # before "<path:object_id>/" can take them
 
     def stuck_view(self, request: HttpRequest) -> HttpResponse:
         """GET: the stuck items, why and how long. POST (change permission): rescue them all,

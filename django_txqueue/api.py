@@ -51,8 +51,11 @@ def enqueue(
     dedup_key: str | None = None,
     max_attempts: int | None = None,
     using: str | None = None,
+    after: Iterable[QueueItem | int] | None = None,
+    after_failure: str = "cancel",
 ) -> QueueItem:
-    """Add one item to ``queue`` inside the caller's transaction and return it."""
+    """Add one item to ``queue`` inside the caller's transaction and return it; with
+    ``after``, WAITING until those items are done (docs/flows.md)."""
     return Queue(queue, using=using).enqueue(
         payload,
         priority=priority,
@@ -61,6 +64,8 @@ def enqueue(
         key=key,
         dedup_key=dedup_key,
         max_attempts=max_attempts,
+        after=after,
+        after_failure=after_failure,
     )
 
 
@@ -181,11 +186,15 @@ class Queue:
         key: str | None = None,
         dedup_key: str | None = None,
         max_attempts: int | None = None,
+        after: Iterable[QueueItem | int] | None = None,
+        after_failure: str = "cancel",
     ) -> QueueItem:
         """Add one item inside the caller's transaction and return it.
 
         With ``dedup_key``, while an unfinished item of this queue has the same key that
-        item is returned and nothing is written.
+        item is returned and nothing is written. With ``after``, the item is WAITING
+        until those items (or ids) are DONE, and ends CANCELLED if one fails or is
+        cancelled, unless ``after_failure="run"`` (docs/flows.md).
         """
         values = self.values(
             payload,
@@ -195,23 +204,55 @@ class Queue:
             key=key,
             dedup_key=dedup_key,
             max_attempts=max_attempts,
+            after_failure=after_failure,
         )
-        return self._add(values, [payload], varying=None)[0]
+        return self._add(values, [payload], varying=None, after=self.waited_for(after))[0]
 
     def enqueue_many(self, payloads: Iterable[Any], **options: Any) -> list[QueueItem]:
         """Add many items with the same options, one INSERT per batch, all or none."""
         if options.get("dedup_key") is not None:
             raise ValueError("dedup_key names one item; enqueue such items one at a time")
         payloads = list(payloads)
+        after = self.waited_for(options.pop("after", None))
         values = self.values(payloads, **options)  # the payloads checked in one pass
         if not payloads:
             return []
-        return self._add(values, payloads, varying=["payload"])
+        return self._add(values, payloads, varying=["payload"], after=after)
+
+    def waited_for(self, after: Iterable[QueueItem | int] | None) -> list[Any] | None:
+        """The primary keys of the items ``after`` names (items or ids), each once; the
+        items must be saved, and on this queue's database."""
+        if after is None:
+            return None
+        if isinstance(after, (QueueItem, int, str)):
+            raise TypeError("after takes a list of items or ids, not one")
+        pks: list[Any] = []
+        for parent in after:
+            if isinstance(parent, QueueItem):
+                where = parent._state.db or DEFAULT_DB_ALIAS
+                if parent.pk is None:
+                    raise ValueError("after: an unsaved item; enqueue it first")
+                if where != self.using:
+                    raise ValueError(
+                        f"after: item {parent.pk} is on database {where!r}, but queue "
+                        f"{self.name!r} is on {self.using!r}: a flow lives on one database"
+                    )
+                pks.append(parent.pk)
+            elif isinstance(parent, int) and not isinstance(parent, bool):
+                pks.append(parent)
+            else:
+                raise TypeError(f"after takes items or their ids, not {type(parent).__name__}")
+        return list(dict.fromkeys(pks)) or None
 
     def _add(
-        self, values: dict[str, Any], payloads: list[Any], varying: list[str] | None
+        self,
+        values: dict[str, Any],
+        payloads: list[Any],
+        varying: list[str] | None,
+        after: list[Any] | None = None,
     ) -> list[QueueItem]:
-        """Store items of ``values``, one per payload; wake idle consumers."""
+        """Store items of ``values``, one per payload (waiting for ``after``); wake idle
+        consumers."""
         if not self.chosen:
             refuse_other_transaction(self.using, f"queue {self.name!r}")
         options = conf.queue_options(self.name)
@@ -221,7 +262,14 @@ class Queue:
         max_size = options["MAX_SIZE"]
         bound = None if max_size is None else (max_size, QueueBound)
         added = store.enqueue(
-            QueueItem, self.using, values, payloads, fair=fair, bound=bound, varying=varying
+            QueueItem,
+            self.using,
+            values,
+            payloads,
+            fair=fair,
+            bound=bound,
+            varying=varying,
+            after=after,
         )
         wake_local_consumers(self.name, self.using)
         return added
@@ -242,6 +290,7 @@ class Queue:
         key: str | None = None,
         dedup_key: str | None = None,
         max_attempts: int | None = None,
+        after_failure: str = "cancel",
     ) -> dict[str, Any]:
         """Check ``payload`` (one item's, or a list of many's) and ``enqueue``'s options;
         returns the new items' fields but the payload. Raises TypeError or ValueError."""
@@ -255,6 +304,7 @@ class Queue:
             key=key,
             dedup_key=dedup_key,
             max_attempts=options["MAX_ATTEMPTS"] if max_attempts is None else max_attempts,
+            after_failure=after_failure,
         )
         if key is None:
             setting = next((name for name in fairness.KEYED_BY if options[name]), None)
@@ -354,9 +404,10 @@ class Queue:
 
     def cancel(self, items: QuerySet[QueueItem] | None = None) -> int:
         """Cancel ``items`` (a queryset of QueueItem; only this queue's are touched), or,
-        with None, every unfinished item of this queue, in one UPDATE: READY ones end
-        CANCELLED at once, IN_PROGRESS ones get a cancellation request their handlers see
-        with the next lease renewal. Returns how many changed."""
+        with None, every unfinished item of this queue, in one UPDATE: READY and WAITING
+        ones end CANCELLED at once (and what a flow has waiting for them: docs/flows.md),
+        IN_PROGRESS ones get a cancellation request their handlers see with the next
+        lease renewal. Returns how many changed."""
         if items is None:
             return self.items.cancel()
         if items.model is not QueueItem:

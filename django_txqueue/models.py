@@ -21,7 +21,7 @@ from django.db.models.functions import Now
 from . import conf, store
 from .db import dialect
 from .db.compiler import ClaimStatement
-from .status import Status
+from .status import UNFINISHED, Status
 from .validation import MAX_LABEL, MAX_QUEUE_NAME
 
 if TYPE_CHECKING:
@@ -347,8 +347,9 @@ class QueueItemQuerySet(QueueQuerySet["QueueItem"]):
         return store.delete_finished(self)
 
     def cancel(self) -> int:
-        """Cancel these items in one UPDATE: READY ones end CANCELLED at once, IN_PROGRESS
-        ones get a cancellation request (``QueueItem.cancel``); returns how many changed."""
+        """Cancel these items in one UPDATE: READY and WAITING ones end CANCELLED at once,
+        IN_PROGRESS ones get a cancellation request (``QueueItem.cancel``); returns how
+        many changed."""
         return store.cancel(self)
 
     def cancel_requests(self, held: dict[Any, int]) -> dict[Any, Any]:
@@ -386,7 +387,7 @@ class QueueItem(QueueModel):
     # holds "one unfinished item per dedup_key" on every vendor, MySQL included.
     active_dedup_key = models.GeneratedField(
         expression=Case(
-            When(status__in=[Status.READY, Status.IN_PROGRESS], then=F("dedup_key")),
+            When(status__in=UNFINISHED, then=F("dedup_key")),
             default=None,
         ),
         output_field=models.CharField(max_length=255, null=True),
@@ -400,7 +401,7 @@ class QueueItem(QueueModel):
     active_dedup_queue = models.GeneratedField(
         expression=Case(
             When(
-                status__in=[Status.READY, Status.IN_PROGRESS],
+                status__in=UNFINISHED,
                 dedup_key__isnull=False,
                 then=F("queue"),
             ),
@@ -424,6 +425,14 @@ class QueueItem(QueueModel):
     # OpenTelemetry's propagators write it), for the consumer's span to link to; NULL, and
     # left out of the INSERT, when there was no active span (``tracing``).
     trace_context = models.JSONField(null=True, blank=True, editable=False)
+    # Flows (docs/flows.md). A WAITING item waits for ``waiting_for`` more items to end;
+    # one of them failed or cancelled cancels it, unless it ``runs_after_failure``.
+    waiting_for = models.PositiveIntegerField(default=0, db_default=0, editable=False)
+    runs_after_failure = models.BooleanField(default=False, db_default=False, editable=False)
+    # Some item waits for this one: its end releases or cancels them (``store.flows``).
+    has_dependents = models.BooleanField(default=False, db_default=False, editable=False)
+    # The items enqueued together with ``after=`` share one.
+    flow = models.UUIDField(null=True, blank=True, editable=False)
 
     objects = QueueItemQuerySet.as_manager()  # type: ignore[misc]
 
@@ -454,6 +463,11 @@ class QueueItem(QueueModel):
             PartialStatusIndex(
                 status=Status.CANCELLED, fields=["queue"], name="txqueue_item_cancelled"
             ),
+            # The WAITING filter and per-queue counts, as for CANCELLED.
+            PartialStatusIndex(
+                status=Status.WAITING, fields=["queue"], name="txqueue_item_waiting"
+            ),
+            NotNullIndex(fields=["flow"], name="txqueue_item_flow"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -464,6 +478,16 @@ class QueueItem(QueueModel):
 
     def __str__(self) -> str:
         return f"{self.queue} #{self.pk}"
+
+    def dependencies(self) -> QueueItemQuerySet:
+        """The items this one waits (or waited) for: a handler reads their ``result``."""
+        edges = QueueDependency.objects.using(self._state.db).filter(item_id=self.pk)
+        return QueueItem.objects.using(self._state.db).filter(pk__in=edges.values("parent_id"))
+
+    def dependents(self) -> QueueItemQuerySet:
+        """The items that wait (or waited) for this one."""
+        edges = QueueDependency.objects.using(self._state.db).filter(parent_id=self.pk)
+        return QueueItem.objects.using(self._state.db).filter(pk__in=edges.values("item_id"))
 
     def ack(self, result: Any = None) -> bool:
         """Mark the item DONE with ``result`` (JSON) if this claim still holds it."""
@@ -492,6 +516,31 @@ class QueueItem(QueueModel):
         for the items it runs with each lease renewal (every heartbeat), and ``cancel()``
         on this instance sets it at once."""
         return self.cancel_requested_at is not None
+
+
+class QueueDependency(models.Model):
+    """An edge of a flow: ``item`` waits for ``parent`` (docs/flows.md).
+
+    No foreign-key constraint and no cascade: a purge deletes items in plain batches
+    (a cascade would make Django look for edges of every item it purges), and deletes the
+    edges of the flow items it removes itself (``store.upkeep``)."""
+
+    item = models.ForeignKey(
+        QueueItem, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    parent = models.ForeignKey(
+        QueueItem, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+
+    class Meta:
+        verbose_name = "queue dependency"
+        verbose_name_plural = "queue dependencies"
+        constraints = [
+            models.UniqueConstraint(fields=["item", "parent"], name="txqueue_dependency_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.item_id} after #{self.parent_id}"
 
 
 class QueuePause(models.Model):

@@ -7,8 +7,9 @@ from django.db import models
 class Status(models.IntegerChoices):
     """An item's state; the integer is what the ``status`` column holds.
 
-    READY and IN_PROGRESS are unfinished (they count towards ``MAX_SIZE`` and hold their
-    ``dedup_key``); DONE, FAILED and CANCELLED are finished, and purged after ``RETENTION``.
+    READY, IN_PROGRESS and WAITING are unfinished (they count towards ``MAX_SIZE`` and
+    hold their ``dedup_key``); DONE, FAILED and CANCELLED are finished, and purged after
+    ``RETENTION``.
     """
 
     READY = 1, "ready"
@@ -17,10 +18,13 @@ class Status(models.IntegerChoices):
     FAILED = 4, "failed"
     # Cancelled before it ran, or by a handler that returned after a cancellation request.
     CANCELLED = 5, "cancelled"
+    # Enqueued with ``after=``: never claimed; READY once the items it waits for are done
+    # (docs/flows.md).
+    WAITING = 6, "waiting"
 
 
 # The states an item can still leave: it counts towards MAX_SIZE and holds its dedup_key.
-UNFINISHED = (Status.READY, Status.IN_PROGRESS)
+UNFINISHED = (Status.READY, Status.IN_PROGRESS, Status.WAITING)
 FINISHED = (Status.DONE, Status.FAILED, Status.CANCELLED)
 
 

@@ -19,6 +19,8 @@ from django.utils import timezone
 MAX_QUEUE_NAME = 100  # QueueItem.queue's max_length
 MAX_LABEL = 255  # key and dedup_key
 INT_RANGE = (-(2**31), 2**31 - 1)
+# What an item does when an item it waits for fails: end CANCELLED, or run anyway.
+AFTER_FAILURE = ("cancel", "run")
 
 
 def queue_name_problem(name: Any) -> str | None:
@@ -47,6 +49,7 @@ def item_values(
     key: str | None,
     dedup_key: str | None,
     max_attempts: int,
+    after_failure: str = "cancel",
 ) -> dict[str, Any]:
     """The checked fields of a new item of ``queue`` with ``enqueue``'s options, but the
     payload, which is checked as JSON (one item's, or a list of many's, at once):
@@ -67,6 +70,10 @@ def item_values(
         values["run_at"] = validate_run_at(run_at)
     elif delay is not None:
         values["delay"] = to_timedelta(delay, "delay")
+    if after_failure not in AFTER_FAILURE:
+        raise ValueError(f"after_failure must be 'cancel' or 'run', got {after_failure!r}")
+    if after_failure == "run":
+        values["runs_after_failure"] = True
     return values
 
 

@@ -45,13 +45,16 @@ myst_enable_extensions = ["colon_fence", "deflist"]
 # references into Python's and Django's own documentation are named here as known outside.
 nitpicky = True
 nitpick_ignore_regex = [
-    (r"py:.*", r"(django|datetime|collections|typing|contextlib|types)(\..*)?"),
+    (r"py:.*", r"(django|datetime|collections|typing|contextlib|types|uuid)(\..*)?"),
     (r"py:.*", r"(Any|Callable|Iterable|Iterator|Sequence|Mapping|Generator|TypeVar|P|R|T)"),
     (r"py:.*", r"(QuerySet|Model|Manager|timedelta|datetime|Signal|JSONField)"),
     # The package's type variables, and the internal classes its public ones return or
     # hold (documented through their public methods, not as pages of their own).
     (r"py:class", r"django_txqueue\.[\w.]+\.[A-Z]"),
     (r"py:class", r"django_txqueue\.(consumer\.claims\.Claims|models\.QueueItemQuerySet)"),
+    # What step(), chain() and group() return: parts of a flow, whose one method,
+    # enqueue(), docs/flows.md and the reference's Flows section describe.
+    (r"py:class", r"django_txqueue\.flows\.(Part|Step|Chain|Group)"),
 ]
 
 autodoc_member_order = "bysource"

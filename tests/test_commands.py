@@ -56,6 +56,7 @@ def parse_table(output):
         "queue",
         "ready",
         "in progress",
+        "waiting",
         "done",
         "failed",
         "cancelled",
@@ -106,6 +107,7 @@ class TestStats:
         assert alpha == {
             "ready": 2,
             "in progress": 1,
+            "waiting": 0,
             "done": 1,
             "failed": 1,
             "cancelled": 0,
@@ -116,6 +118,7 @@ class TestStats:
         assert numbers(table["beta"]) == {
             "ready": 1,
             "in progress": 0,
+            "waiting": 0,
             "done": 0,
             "failed": 0,
             "cancelled": 0,

@@ -49,7 +49,7 @@ GAUGES = {
     "txqueue_paused",
 }
 METRICS = COUNTERS | HISTOGRAMS | GAUGES
-STATUSES = {"ready", "in_progress", "failed", "cancelled", "done"}
+STATUSES = {"ready", "in_progress", "waiting", "failed", "cancelled", "done"}
 START_TIMEOUT = 30
 # Every consumer also serves the on_commit calls whose committing process died (outbox.py).
 OUTBOX = "django_txqueue.on_commit"

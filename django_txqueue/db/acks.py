@@ -40,6 +40,8 @@ class AckStatement:
         self.model = model
         self.alias = alias
         self.keeps_results = has_field(model, "result")
+        # Rows something waits for are not acknowledged here (``store.flows``).
+        self.in_flows = has_field(model, "has_dependents")
         self._sql: dict[tuple[int, bool], str] = {}
 
     @property
@@ -58,7 +60,8 @@ class AckStatement:
             for pk, value in ack.results.items():
                 params += [pk, field.get_db_prep_save(value, connection)]
         # Plain ints: mysqlclient would quote a Status member as a string.
-        return sql, [*params, *pk_params, int(Status.IN_PROGRESS), ack.claim_token]
+        params += [*pk_params, int(Status.IN_PROGRESS), ack.claim_token]
+        return sql, [*params, False] if self.in_flows else params
 
     def sql(self, size: int, with_results: bool) -> str:
         key = (size, with_results)
@@ -67,6 +70,8 @@ class AckStatement:
             names = ["pk", "status", "lease_expires_at", "claim_token"]
             if self.keeps_results:
                 names += ["result", "finished_at"]
+            if self.in_flows:
+                names.append("has_dependents")
             columns = {name: quoted_column(connection, self.model, name) for name in names}
             table = connection.ops.quote_name(self.model._meta.db_table)
             self._sql[key] = dialect(connection).ack_update(

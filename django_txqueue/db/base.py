@@ -326,16 +326,20 @@ class Dialect:
 
         Parameters: ``status``'s, then (pk, result) pairs when ``results``, then
         ``pk_params`` of the pks, then IN_PROGRESS and the claim token: only rows still held
-        by that claim change. ``columns`` maps field names to quoted columns; a model
-        without ``result`` and ``finished_at`` (a plain QueueModel) has neither set.
+        by that claim change; then false where the model has ``has_dependents`` (the rows
+        something waits for are left to ``store.flows``). ``columns`` maps field names to
+        quoted columns; a model without ``result`` and ``finished_at`` (a plain QueueModel)
+        has neither set.
         """
         pk, assignments = columns["pk"], [f"{columns['status']} = {status}"]
         if "result" in columns:
             result = "CASE " + f"WHEN {pk} = %s THEN %s " * size + "END" if results else "NULL"
             assignments += [f"{columns['result']} = {result}", f"{columns['finished_at']} = {now}"]
         assignments.append(f"{columns['lease_expires_at']} = NULL")
+        waited_for = columns.get("has_dependents")
         return (
             f"UPDATE {table} SET {', '.join(assignments)} "
             f"WHERE {self.pk_in(pk, size)} "
             f"AND {columns['status']} = %s AND {columns['claim_token']} = %s"
+            + (f" AND {waited_for} = %s" if waited_for else "")
         )

@@ -25,7 +25,7 @@ from .reads import QueueRow, gauges, known_queue_names
 logger = logging.getLogger(__name__)
 
 # The statuses ``txqueue_items`` reports, as label values.
-STATUSES = ("ready", "in_progress", "failed", "cancelled", "done")
+STATUSES = ("ready", "in_progress", "waiting", "failed", "cancelled", "done")
 
 
 def queue_rows(aliases: list[str]) -> dict[str, QueueRow]:

@@ -51,6 +51,7 @@ class QueueRow:
     in_progress: int = 0
     failed: int = 0
     cancelled: int = 0
+    waiting: int = 0  # WAITING: a flow's items waiting for others (docs/flows.md)
     stuck: int = 0
     oldest_ready: dt.timedelta | None = None
     consumers: int = 0
@@ -126,6 +127,7 @@ def current(
         Status.IN_PROGRESS: "in_progress",
         Status.FAILED: "failed",
         Status.CANCELLED: "cancelled",
+        Status.WAITING: "waiting",
     }
     counts = items.order_by().filter(any_status(*columns)).values("queue", "status")
     for count in counts.annotate(n=Count("pk")):
@@ -314,11 +316,13 @@ def queue_stats(name: str, items: QueueItemQuerySet) -> dict[str, Any]:
     waited, whether the queue is paused, and for a fair or ordered queue ``keys_waiting``
     and ``top_keys``.
 
-    Never reads all the finished rows: READY, IN_PROGRESS, FAILED and CANCELLED items are
-    counted exactly from their indexes; DONE items exactly up to ``EXACT_DONE_UP_TO``, past
-    that the planner's estimate stands (PostgreSQL, MySQL).
+    Never reads all the finished rows: READY, IN_PROGRESS, WAITING, FAILED and CANCELLED
+    items are counted exactly from their indexes; DONE items exactly up to
+    ``EXACT_DONE_UP_TO``, past that the planner's estimate stands (PostgreSQL, MySQL).
     """
-    indexed = any_status(Status.READY, Status.IN_PROGRESS, Status.FAILED, Status.CANCELLED)
+    indexed = any_status(
+        Status.READY, Status.IN_PROGRESS, Status.WAITING, Status.FAILED, Status.CANCELLED
+    )
     counts = items.order_by().filter(indexed).values("status").annotate(n=Count("pk"))
     by_status = {row["status"]: row["n"] for row in counts}
     done = items.filter(status=Status.DONE)
@@ -330,6 +334,7 @@ def queue_stats(name: str, items: QueueItemQuerySet) -> dict[str, Any]:
         "queue": name,
         "ready": by_status.get(Status.READY, 0),
         "in_progress": by_status.get(Status.IN_PROGRESS, 0),
+        "waiting": by_status.get(Status.WAITING, 0),
         "done": by_status.get(Status.DONE, 0),
         "failed": by_status.get(Status.FAILED, 0),
         "cancelled": by_status.get(Status.CANCELLED, 0),

@@ -50,6 +50,7 @@ from .consumers import (
 from .control import cancel, cancel_item, pause, resume
 from .items import (
     enqueue,
+    enqueue_flow,
     enqueue_tick,
     insert,
     record_effect,
@@ -82,6 +83,7 @@ __all__ = [
     "enqueue",
     "insert",
     "record_effect",
+    "enqueue_flow",
     "enqueue_tick",
     "trim_ticks",
     "claim",

@@ -19,11 +19,11 @@ from ..db.acks import Ack, ack_statement
 from ..db.rows import has_field
 from ..status import Status, settled_as
 from ..validation import check_json, to_timedelta
-from . import backoff
+from . import backoff, flows
 from .conflicts import retrying_conflicts, update_retrying
 
 if TYPE_CHECKING:
-    from django.db.models import Model
+    from django.db.models import Model, QuerySet
 
     from ..models import QueueItem, QueueModel
 
@@ -69,7 +69,25 @@ def ack_many(model: type[Model], alias: str, ack: Ack) -> int:
     # claim, which locks as it reads), Galera refuse it against a claim of another node:
     # fenced, it is safe to run again.
     vendor = dialect(connections[alias])
-    return retrying_conflicts(vendor.acknowledge, alias, ack_statement(model, alias), ack)
+    statement = ack_statement(model, alias)
+    acknowledged = retrying_conflicts(vendor.acknowledge, alias, statement, ack)
+    return acknowledged + ack_waited_for(model, alias, ack, acknowledged)
+
+
+def ack_waited_for(model: type[Model], alias: str, ack: Ack, acknowledged: int) -> int:
+    """Acknowledge the items of ``ack`` that something waits for, which the statement that
+    acknowledged ``acknowledged`` of them left alone, with what waits for them
+    (``flows.end_waited_for``); how many. Nothing to do, and no query, when it took them all."""
+    if acknowledged == len(ack.results) or not has_field(model, "has_dependents"):
+        return 0
+    held = model._base_manager.using(alias).filter(
+        pk__in=list(ack.results),
+        status=Status.IN_PROGRESS,
+        claim_token=ack.claim_token,
+        has_dependents=True,
+    )
+    results = ack.results if has_field(model, "result") else None
+    return retrying_conflicts(flows.end_waited_for, alias, held, flows.ACKNOWLEDGED, results)
 
 
 def retry(
@@ -175,15 +193,22 @@ def _settle_if_held(
 
 
 def _change_if_held(item: QueueModel, **changes: Any) -> bool:
-    """Apply ``changes`` only if the row is still IN_PROGRESS under this item's claim."""
+    """Apply ``changes`` only if the row is still IN_PROGRESS under this item's claim; an
+    item something waits for in a transaction with what its end releases or cancels."""
     if _holds_no_claim(item):
         return False
-    held = (
+    held: QuerySet[Any] = (
         type(item)
         ._base_manager.using(item._state.db or "default")
         .filter(pk=item.pk, status=Status.IN_PROGRESS, claim_token=item.claim_token)
     )
-    changed = update_retrying(held, **changes)
+    if not has_field(type(item), "has_dependents"):
+        changed = update_retrying(held, **changes)
+    else:
+        changed = update_retrying(held.filter(has_dependents=False), **changes)
+        if not changed:  # taken over, or waited for
+            waited_for = held.filter(has_dependents=True)
+            changed = retrying_conflicts(flows.end_waited_for, held.db, waited_for, changes)
     if changed:
         for name, value in changes.items():
             setattr(item, name, value)

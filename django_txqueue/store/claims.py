@@ -19,7 +19,7 @@ from ..db import dialect, dialect_for
 from ..db.acks import Ack, ack_statement
 from ..db.compiler import ClaimStatement, ClaimValues
 from ..validation import to_timedelta, validate_pid
-from .acks import ack_many
+from .acks import ack_many, ack_waited_for
 from .conflicts import retrying_conflicts
 from .consumers import consumer_identity
 
@@ -128,12 +128,13 @@ def ack_and_claim(
     acks = ack_statement(statement.model, statement.alias)
     try:
         run = vendor.ack_and_claim
-        return retrying_conflicts(run, statement.alias, statement, values, acks, ack)
+        acked, items = retrying_conflicts(run, statement.alias, statement, values, acks, ack)
     except DatabaseError as exc:
         if connection.in_atomic_block or not vendor.is_transient(exc):
             raise
         # The claim kept losing races, and took the acknowledgement down with it.
         return ack_many(statement.model, statement.alias, ack), []
+    return acked + ack_waited_for(statement.model, statement.alias, ack, acked), items
 
 
 def queues_with_due_items(model: type[Model], alias: str, names: list[str]) -> set[str]:

@@ -13,6 +13,7 @@ from django.db.models.functions import Now
 
 from ..db import dialect_for
 from ..status import Status
+from . import flows
 from .conflicts import retrying_conflicts, update_retrying
 
 if TYPE_CHECKING:
@@ -22,28 +23,36 @@ if TYPE_CHECKING:
 
 
 def cancel(items: QuerySet[Any]) -> int:
-    """Cancel ``items`` (QueueItem's) in one UPDATE: the READY ones end CANCELLED at once,
-    finished now; the IN_PROGRESS ones not asked before get a cancellation request, which
-    their handlers see with the next lease renewal (``cancel_requested()``) and which
-    settles them CANCELLED. Finished items are left alone. Returns how many changed."""
-    ready = Q(status=Status.READY)
+    """Cancel ``items`` (QueueItem's) in one UPDATE: the READY and WAITING ones end
+    CANCELLED at once, finished now; the IN_PROGRESS ones not asked before get a
+    cancellation request, which their handlers see with the next lease renewal
+    (``cancel_requested()``) and which settles them CANCELLED. Finished items are left
+    alone. Those that something waits for are cancelled in a transaction with what waits
+    for them (``flows.end_waited_for``), after one look for them. Returns how many
+    changed."""
+    waiting = Q(status=Status.READY) | Q(status=Status.WAITING)
     asked = Q(status=Status.IN_PROGRESS, cancel_requested_at__isnull=True)
-    rows = items.order_by().filter(ready | asked)
     # status last: MySQL assigns left to right, and finished_at reads the status as it was.
-    return update_retrying(
-        rows,
-        cancel_requested_at=Now(),
-        finished_at=Case(
-            When(ready, then=Now()),
+    changes = {
+        "cancel_requested_at": Now(),
+        "finished_at": Case(
+            When(waiting, then=Now()),
             default=F("finished_at"),
             output_field=models.DateTimeField(),
         ),
-        status=Case(
-            When(ready, then=Value(int(Status.CANCELLED))),
+        "status": Case(
+            When(waiting, then=Value(int(Status.CANCELLED))),
             default=F("status"),
             output_field=models.PositiveSmallIntegerField(),
         ),
-    )
+    }
+    rows = items.order_by().filter(waiting | asked)
+    ending_flows = waiting & Q(has_dependents=True)
+    changed = update_retrying(rows.exclude(ending_flows), **changes)
+    waited_for = rows.filter(ending_flows)
+    if not waited_for.exists():  # the usual case: no flow's item among them
+        return changed
+    return changed + retrying_conflicts(flows.end_waited_for, rows.db, waited_for, changes)
 
 
 def cancel_item(item: QueueItem) -> bool:

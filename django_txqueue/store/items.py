@@ -5,6 +5,7 @@ tick rows with their items.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ from ..db import dialect_for
 from ..db.inserts import Inserts, insert_or_ignore, inserts
 from ..exceptions import QueueFull
 from ..status import Status
-from . import fairness
+from . import fairness, flows
 from .conflicts import delete_retrying, retrying_conflicts
 
 if TYPE_CHECKING:
@@ -38,9 +39,13 @@ def enqueue(
     fair: bool = False,
     bound: tuple[int, type[Model]] | None = None,
     varying: Sequence[str] | None = None,
+    after: Sequence[Any] | None = None,
 ) -> list[QueueItem]:
     """Insert new items of one queue, one per payload, made of ``values`` (the fields but
     the payload), in the caller's transaction, all or none; the items.
+
+    ``after``: the primary keys of the items they wait for (``flows.waiting_values``),
+    locked and counted in the insert's transaction.
 
     ``fair``: each item joins its round (``fairness.first_round``). One item with a
     ``dedup_key`` gives way to its unfinished twin, which is returned in its place. With
@@ -55,11 +60,12 @@ def enqueue(
     if fair:
         first_round = fairness.first_round(model, values["queue"], values.get("key"), using)
     rows = inserts(model, using)
-    if bound is None and (len(payloads) > 1 or values.get("dedup_key") is None):
+    unique = len(payloads) == 1 and values.get("dedup_key") is not None
+    if bound is None and not unique and not after:
         # The usual enqueue: the INSERT alone.
         return retrying_conflicts(rows.add, using, values, payloads, first_round, varying)
     return retrying_conflicts(
-        _enqueue_guarded, using, rows, values, payloads, first_round, bound, varying
+        _enqueue_guarded, using, rows, values, payloads, first_round, bound, varying, after
     )
 
 
@@ -70,28 +76,163 @@ def _enqueue_guarded(
     first_round: int | None,
     bound: tuple[int, type[Model]] | None,
     varying: Sequence[str] | None,
+    after: Sequence[Any] | None,
 ) -> list[QueueItem]:
-    """A bounded queue's enqueue, or one item's with a dedup_key: the bound checked and
-    the twin looked for in the insert's transaction."""
+    """An enqueue with more to it than its INSERT, in one transaction: the items waited
+    for (``after``) locked and counted, a bounded queue's bound checked, one item's
+    dedup_key twin looked for; the edges of a flow written last."""
+    # savepoint=False: inside the caller's transaction it adds no query, and outside
+    # one the lock, the count and the insert still share a transaction of their own. An
+    # error is raised after the block, which would otherwise doom the caller's transaction.
+    with transaction.atomic(using=rows.alias, savepoint=False):
+        outcome = _checked_insert(rows, values, payloads, first_round, bound, varying, after)
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def _checked_insert(
+    rows: Inserts[QueueItem],
+    values: dict[str, Any],
+    payloads: Sequence[Any],
+    first_round: int | None,
+    bound: tuple[int, type[Model]] | None,
+    varying: Sequence[str] | None,
+    after: Sequence[Any] | None,
+) -> list[QueueItem] | Exception:
+    """``_enqueue_guarded``'s work in its transaction; the error it refuses with, if any."""
+    if after:
+        waiting = flows.waiting_values(rows.model, rows.alias, after, values)
+        if isinstance(waiting, Exception):
+            return waiting
+        values = {**values, **waiting}
+    items = _insert_checked(rows, values, payloads, first_round, bound, varying)
+    if isinstance(items, Exception):
+        return items
+    new = [item for item in items if after and item.flow == values["flow"]]
+    if new:  # not a twin given back in its place
+        flows.add_edges(rows.model, rows.alias, new, after or ())
+    return items
+
+
+def _insert_checked(
+    rows: Inserts[QueueItem],
+    values: dict[str, Any],
+    payloads: Sequence[Any],
+    first_round: int | None,
+    bound: tuple[int, type[Model]] | None,
+    varying: Sequence[str] | None,
+) -> list[QueueItem] | QueueFull:
+    """The INSERT, after a bounded queue's count (``QueueFull``, returned, when the items
+    do not fit); one item with a dedup_key gives way to its unfinished twin."""
     using, queue, dedup_key = rows.alias, values["queue"], values.get("dedup_key")
     unique = len(payloads) == 1 and dedup_key is not None
-    if bound is None:
-        return [insert_unique(rows, values, payloads[0], first_round)]
-    max_size, bounds = bound
-    # savepoint=False: inside the caller's transaction it adds no query, and outside
-    # one the lock, the count and the insert still share a transaction of their own.
-    with transaction.atomic(using=using, savepoint=False):
+    if bound is not None:
+        max_size, bounds = bound
         current = lock_and_count(rows.model, queue, bounds, using)
-        if current + len(payloads) <= max_size:
-            if unique:
-                return [insert_unique(rows, values, payloads[0], first_round)]
-            return rows.add(values, payloads, first_round, varying)
-        # A full queue still answers with the unfinished twin: it adds nothing.
-        twin = unfinished_twin(rows.model, queue, dedup_key, using) if unique else None
-        if twin is not None:
-            return [twin]
-    # Raised outside the block, which would otherwise doom the caller's transaction.
-    raise QueueFull(rows.new(**values, payload=payloads[0]), current)
+        if current + len(payloads) > max_size:
+            # A full queue still answers with the unfinished twin: it adds nothing.
+            twin = unfinished_twin(rows.model, queue, dedup_key, using) if unique else None
+            if twin is not None:
+                return [twin]
+            return QueueFull(rows.new(**values, payload=payloads[0]), current)
+    if unique:
+        return [insert_unique(rows, values, payloads[0], first_round)]
+    return rows.add(values, payloads, first_round, varying)
+
+
+def enqueue_flow(
+    model: type[QueueItem],
+    using: str,
+    rows: list[dict[str, Any]],
+    payloads: list[Any],
+    parents: list[list[int]],
+    *,
+    bounds: dict[str, int],
+    bound_model: type[Model],
+    fair: set[str],
+) -> list[QueueItem]:
+    """Insert one flow's items, ``rows`` (their fields but the payload) with
+    ``payloads``, and the edges from each to its ``parents`` (indices into ``rows``), in
+    the caller's transaction, all or none; the items, in the order of ``rows``.
+
+    Rows alike but for their payload go in one INSERT. ``bounds``: the bounded queues'
+    sizes ({queue: MAX_SIZE}), checked under their bound rows' locks first (QueueFull);
+    ``fair``: the fair queues, whose items get their rounds.
+    """
+    return retrying_conflicts(
+        _enqueue_flow, using, model, using, rows, payloads, parents, bounds, bound_model, fair
+    )
+
+
+def _enqueue_flow(
+    model: type[QueueItem],
+    using: str,
+    rows: list[dict[str, Any]],
+    payloads: list[Any],
+    parents: list[list[int]],
+    bounds: dict[str, int],
+    bound_model: type[Model],
+    fair: set[str],
+) -> list[QueueItem]:
+    # savepoint=False and the error raised after the block: as _enqueue_guarded.
+    with transaction.atomic(using=using, savepoint=False):
+        full = _first_full(
+            model, using, Counter(row["queue"] for row in rows), bounds, bound_model
+        )
+        if full is None:
+            items = _insert_rows(model, using, rows, payloads, fair)
+            flows.add_flow_edges(model, using, items, parents)
+    if full is not None:
+        queue, current = full
+        first = next(n for n, row in enumerate(rows) if row["queue"] == queue)
+        raise QueueFull(inserts(model, using).new(**rows[first], payload=payloads[first]), current)
+    return items
+
+
+def _first_full(
+    model: type[QueueItem],
+    using: str,
+    adding: Counter[str],
+    bounds: dict[str, int],
+    bound_model: type[Model],
+) -> tuple[str, int] | None:
+    """The first bounded queue the flow's items would overfill, and its unfinished count."""
+    for queue in sorted(set(adding) & set(bounds)):
+        current = lock_and_count(model, queue, bound_model, using)
+        if current + adding[queue] > bounds[queue]:
+            return queue, current
+    return None
+
+
+def _insert_rows(
+    model: type[QueueItem],
+    using: str,
+    rows: list[dict[str, Any]],
+    payloads: list[Any],
+    fair: set[str],
+) -> list[QueueItem]:
+    """The rows, one INSERT per run of rows alike but for their payload; the items in the
+    order of ``rows``, with their primary keys (read back where a multi-row INSERT gives
+    none: MySQL)."""
+    alike: dict[str, list[int]] = {}
+    for n, values in enumerate(rows):
+        alike.setdefault(repr(sorted(values.items())), []).append(n)
+    writer = inserts(model, using)
+    items: list[Any] = [None] * len(rows)
+    for indices in alike.values():
+        values = rows[indices[0]]
+        first_round = None
+        if values["queue"] in fair:
+            first_round = fairness.first_round(model, values["queue"], values.get("key"), using)
+        varying = ["payload", "round"] if first_round is not None else ["payload"]
+        made = writer.add(values, [payloads[n] for n in indices], first_round, varying)
+        for n, item in zip(indices, made, strict=True):
+            items[n] = item
+    if any(item.pk is None for item in items):
+        written = [items[n] for indices in alike.values() for n in indices]
+        flows.read_back_pks(model, using, written)
+    return items
 
 
 def unfinished_twin(
@@ -118,7 +259,8 @@ def lock_and_count(model: type[QueueItem], queue: str, bounds: type[Model], usin
     """
     lock_bound(bounds, queue, using)
     # An OR of equalities, which PostgreSQL matches to the partial indexes (not so IN).
-    unfinished = Q(status=Status.READY) | Q(status=Status.IN_PROGRESS)
+    # WAITING items count too: they are unfinished, and will run.
+    unfinished = Q(status=Status.READY) | Q(status=Status.IN_PROGRESS) | Q(status=Status.WAITING)
     items = model._default_manager.using(using).filter(unfinished, queue=queue)
     return int(items.count())
 

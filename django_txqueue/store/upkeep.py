@@ -20,6 +20,7 @@ from django.db.models.functions import Now
 from ..db import dialect_for
 from ..db.rows import has_field
 from ..status import FINISHED, Status
+from . import flows
 from .acks import UNCLAIMED, unless_cancelled
 from .conflicts import delete_retrying, retrying_conflicts, update_retrying
 
@@ -69,7 +70,7 @@ def _rescue(stuck: QuerySet[Any], fail: bool) -> int:
             When(failing, then=Value(Status.FAILED)),
         ]
     ending = reduce(operator.or_, (when.condition for when in endings))
-    return stuck.update(
+    changes = dict(
         **UNCLAIMED,
         status=Case(*endings, default=Value(Status.READY)),
         finished_at=Case(
@@ -86,6 +87,11 @@ def _rescue(stuck: QuerySet[Any], fail: bool) -> int:
             output_field=models.CharField(),
         ),
     )
+    if not has_field(stuck.model, "has_dependents"):
+        return int(stuck.update(**changes))
+    # What waits for an item that ends here ends with it (``flows``).
+    rescued = int(stuck.filter(has_dependents=False).update(**changes))
+    return rescued + flows.end_waited_for(stuck.filter(has_dependents=True), changes)
 
 
 def requeue(items: QuerySet[Any], *, stuck: Q) -> int:
@@ -135,8 +141,16 @@ def fail_many(items: QuerySet[Any], *, stuck: Q, error: str) -> int:
 
 
 def delete_finished(items: QuerySet[Any]) -> int:
-    """Delete the DONE, FAILED and CANCELLED ``items``; returns how many."""
-    return delete_retrying(items.order_by().filter(status__in=FINISHED))
+    """Delete the DONE, FAILED and CANCELLED ``items``, and the edges of those of a flow;
+    returns how many."""
+    finished = items.order_by().filter(status__in=FINISHED)
+    if not has_field(items.model, "flow"):
+        return delete_retrying(finished)
+    flowing = list(finished.filter(flow__isnull=False).values_list("pk", flat=True))
+    deleted = delete_retrying(finished)
+    if flowing:
+        flows.forget(items.model, items.db, flowing)
+    return deleted
 
 
 def delete_all(items: QuerySet[Any]) -> int:
@@ -167,13 +181,15 @@ def release_lost(
 
 def purge(items: QuerySet[Any], older_than: timedelta, *, until: float | None = None) -> int:
     """Delete DONE, FAILED and CANCELLED ``items`` finished over ``older_than`` ago, in
-    small batches.
+    small batches; of a flow, those something still waits for are kept, and the edges of
+    those deleted go with them (``flows``).
 
     Each batch is its own short statement, so a purge of millions of rows never holds
     locks for long. Returns how many were deleted.
     """
     finished = items.filter(status__in=FINISHED, finished_at__lt=Now() - older_than)
-    return delete_in_batches(finished, "finished_at", until=until)
+    in_flows = has_field(items.model, "has_dependents")
+    return delete_in_batches(finished, "finished_at", until=until, in_flows=in_flows)
 
 
 def purge_effects(
@@ -184,7 +200,9 @@ def purge_effects(
     return delete_in_batches(old, "recorded_at", until=until)
 
 
-def delete_in_batches(rows: QuerySet[Any], oldest: str, *, until: float | None = None) -> int:
+def delete_in_batches(
+    rows: QuerySet[Any], oldest: str, *, until: float | None = None, in_flows: bool = False
+) -> int:
     """Delete ``rows`` a batch of PURGE_BATCH at a time, the first in ``oldest`` order (an
     indexed column that ``rows`` bounds from above); how many were deleted.
 
@@ -196,11 +214,20 @@ def delete_in_batches(rows: QuerySet[Any], oldest: str, *, until: float | None =
 
     With ``until`` (a ``time.monotonic()`` instant) it stops after the batch that reaches
     it (always doing one, so that it makes progress), leaving the rest for later.
+    ``in_flows``: items, whose flows' edges are deleted with them (``flows.forget``).
     """
-    deleted = 0
-    page = rows.order_by(oldest, "pk").values_list("pk", flat=True)
-    while batch := list(page[:PURGE_BATCH]):
-        deleted += delete_retrying(rows.filter(pk__in=batch))
+    deleted, kept = 0, set[Any]()
+    columns = ("pk", "flow", "has_dependents") if in_flows else ("pk",)
+    while batch := list(
+        rows.exclude(pk__in=kept).order_by(oldest, "pk").values_list(*columns)[:PURGE_BATCH]
+    ):
+        if in_flows:  # a flow's items that a WAITING item waits for are kept (flows)
+            waited = [pk for pk, _, dependents in batch if dependents]
+            kept |= flows.still_waited_for(rows.model, rows.db, waited) if waited else set()
+        gone = [row[0] for row in batch if row[0] not in kept]
+        deleted += delete_retrying(rows.filter(pk__in=gone))
+        if in_flows and (flowing := [pk for pk, flow, _ in batch if flow and pk not in kept]):
+            flows.forget(rows.model, rows.db, flowing)
         if until is not None and time.monotonic() >= until:
             break
     return deleted

@@ -93,6 +93,8 @@ STATUSES = {
     # Django has no cancelled state. FAILED is the closest: final, it will not run and did
     # not succeed. READY or RUNNING would keep a caller polling for it waiting for ever.
     Status.CANCELLED: "FAILED",
+    # A flow's item waiting for others (docs/flows.md): not started, as READY.
+    Status.WAITING: "READY",
 }
 
 

@@ -2,9 +2,9 @@
 
 from django.utils import timezone
 
-from django_txqueue import handler, once
+from django_txqueue import Status, handler, once
 
-from . import sms
+from . import reminders, sms
 from .gateway import default_gateway
 from .models import Booking
 
@@ -33,3 +33,23 @@ def send_booking_sms(item):
     if not first:
         booking.refresh_from_db(fields=["sms_message_id"])
     return {"message_id": booking.sms_message_id, "sent_now": first}
+
+
+@handler(reminders.REMINDER_QUEUE)
+def send_reminder(item):
+    """One booking's reminder; the idempotency key names this flow's reminder, so a second
+    run of the item (or a second reminder flow) never delivers it twice."""
+    booking = Booking.objects.filter(pk=item.payload["booking"]).first()
+    if booking is None:
+        return {"skipped": "the booking was deleted"}
+    key = f"reminder:{item.flow}:booking:{booking.pk}"
+    message_id = default_gateway().send(booking.phone, item.payload["text"], idempotency_key=key)
+    return {"message_id": message_id}
+
+
+@handler(reminders.REPORT_QUEUE)
+def report_reminders(item):
+    """Once every reminder has ended: how many were sent, read from what they returned."""
+    statuses = [parent.status for parent in item.dependencies()]
+    sent = sum(1 for status in statuses if status == Status.DONE)
+    return {"sent": sent, "not_sent": len(statuses) - sent}

@@ -72,6 +72,29 @@ def test_each_violation_is_caught(spoil, violation):
     assert any(violation in found for found in violations), violations
 
 
+def a_flow(then_starts_at):
+    """Items 1 and 2 (``clean``'s) are the steps of a flow whose then, item 3, ran at
+    ``then_starts_at``; item 2's completed run finished at t=8."""
+    history = clean()
+    history.items[3] = (Status.DONE, 300)
+    history.runs.append(Run(3, 300, "h:11:a", at(then_starts_at), at(then_starts_at + 1)))
+    history.flows = [([1, 2], 3)]
+    return history
+
+
+def test_a_then_item_after_its_steps_is_no_violation():
+    report = audit(a_flow(then_starts_at=9))
+    assert report["violations"] == []
+    assert (report["flows"], report["released_early"]) == (1, 0)
+
+
+def test_a_then_item_that_ran_before_a_step_finished_is_a_violation():
+    # Item 2's first run (h:10, killed) does not count: its completed run ended at t=8.
+    report = audit(a_flow(then_starts_at=7.5))
+    assert report["released_early"] == 1
+    assert "item 3 ran before the last of the steps it waits for" in report["violations"]
+
+
 def test_time_the_database_was_down_does_not_count_against_a_rescue():
     history = clean()
     history.rescue_bound = 1.0

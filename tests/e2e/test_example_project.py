@@ -142,3 +142,31 @@ def test_booking_page_and_the_sms_states_on_the_bookings_page(example):
     state, detail = bookings_row(bookings_page(), PAGE_SEAT)
     assert state == "sent"
     assert detail.startswith("SM")
+
+
+def test_reminders_go_to_every_booking_then_one_report_counts_them(example):
+    """The example's flow (cinema/reminders.py): a reminder per booking side by side, then
+    a report once all of them have ended, reading what they returned."""
+    for seat in (51, 52, 53):
+        example.manage("book", str(seat), f"+155502{seat}")
+    out = example.manage("remind", "The film starts at 8").stdout
+    report = int(re.search(r"then report #(\d+)", out).group(1))
+    assert int(re.search(r"(\d+) reminders", out).group(1)) >= 3  # and earlier tests' seats
+
+    example.manage(
+        "run_queue_consumer", "reminder", "reminder-report", "--burst", "--concurrency", "2"
+    )
+
+    result = json.loads(
+        example.shell(
+            "import json; from django_txqueue import QueueItem; "
+            f"item = QueueItem.objects.get(pk={report}); "
+            "print(json.dumps({'status': item.status, 'result': item.result, "
+            "'parents': item.dependencies().count()}))"
+        )
+    )
+    assert result["status"] == 3  # DONE
+    assert result["result"] == {"sent": result["parents"], "not_sent": 0}
+    log = json.loads(example.manage("sms_log", "--json").stdout)
+    sent = [message for message in log["messages"] if message["body"] == "The film starts at 8"]
+    assert len(sent) == result["parents"]

@@ -29,12 +29,13 @@ from django.db import connections
 from django.utils import timezone
 
 from django_txqueue import Consumer as ConsumerRow
-from django_txqueue import Queue, QueueItem, Status, store
+from django_txqueue import Queue, QueueItem, Status, group, step, store
 
 from .models import ChaosRun
 from .verify import History, Run, audit
 
 STALE_ITEMS = 5
+FLOW_STEPS = 100  # steps per group, with --flows
 STALE_LEASE = 1.0  # seconds
 # The consumers' settings: short leases and intervals, so that a run takes seconds.
 HEARTBEAT, CONSUMER_TIMEOUT, RESCUE_INTERVAL = 0.5, 2.0, 0.5
@@ -57,6 +58,8 @@ class Options:
     seed: int
     restart_command: str | None = None
     verbose: bool = False  # the consumers' own log on stderr
+    # Flows (docs/flows.md): the items as groups of FLOW_STEPS steps, each with a then.
+    flows: bool = False
 
 
 class Consumers:
@@ -165,8 +168,7 @@ def run(options: Options, progress: Callable[[str], None]) -> dict[str, Any]:
     runs = ChaosRun.objects.using(options.alias).filter(queue=options.queue)
     store.delete_all(queue.items)
     runs.delete()
-    for start in range(0, options.items, 1000):
-        queue.enqueue_many([{"n": n} for n in range(start, min(start + 1000, options.items))])
+    flows = enqueue_items(queue, options)
     stale = queue.claim(STALE_ITEMS, pid="txqueue_chaos:stale", lease=STALE_LEASE)
     consumers = Consumers(options)
     downtimes = []
@@ -222,11 +224,27 @@ def run(options: Options, progress: Callable[[str], None]) -> dict[str, Any]:
         stale_changed=changed,
         rescue_bound=options.lease + RESCUE_INTERVAL + CONSUMER_TIMEOUT + 1.0,
         downtimes=downtimes,
+        flows=flows,
     )
     report = audit(history)
     report["violations"] += [f"a consumer exited by itself with code {code}" for code in crashed]
     report.update(rounds=options.rounds, restarts=len(downtimes), seconds=time.monotonic() - began)
     return report
+
+
+def enqueue_items(queue: Queue, options: Options) -> list[tuple[list[int], int]]:
+    """The run's items: plain, or with ``--flows`` as groups of FLOW_STEPS steps, each
+    with a then; returns the flows' (steps, then) primary keys."""
+    flows = []
+    for start in range(0, options.items, FLOW_STEPS if options.flows else 1000):
+        numbers = range(start, min(start + (FLOW_STEPS if options.flows else 1000), options.items))
+        if not options.flows:
+            queue.enqueue_many([{"n": n} for n in numbers])
+            continue
+        steps = [step(queue.name, {"n": n}) for n in numbers]
+        items = group(*steps, then=step(queue.name, {"then": start})).enqueue(using=queue.using)
+        flows.append(([item.pk for item in items.items[:-1]], items.items[-1].pk))
+    return flows
 
 
 def left(queue: Queue) -> int:

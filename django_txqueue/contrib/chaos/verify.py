@@ -38,6 +38,8 @@ class History:
     orphans: dict[int, datetime] = field(default_factory=dict)
     # When the database was down (--restart-command): (stopped, back).
     downtimes: list[tuple[datetime, datetime]] = field(default_factory=list)
+    # --flows: each group's steps and the item after them (its "then").
+    flows: list[tuple[list[int], int]] = field(default_factory=list)
 
 
 def os_pid(consumer: str) -> int | None:
@@ -103,6 +105,22 @@ def audit(history: History) -> dict[str, Any]:
                 f"item {pk} waited {rescue:.1f} s after its consumer was killed "
                 f"(bound {history.rescue_bound:.1f} s)"
             )
+    early = 0
+    for steps, then in history.flows:
+        # The then item is released by its last step's acknowledgement, which follows
+        # that step's completed run (under its final claim): no run of the then may start
+        # before every step's completed run finished.
+        finished = [
+            r.finished_at
+            for pk in steps
+            for r in by_item.get(pk, [])
+            if r.finished_at and r.claim_token == history.items.get(pk, (0, None))[1]
+        ]
+        last = max(finished, default=None)
+        started = [r.started_at for r in by_item.get(then, [])]
+        if last is not None and started and min(started) < last:
+            early += 1
+            violations.append(f"item {then} ran before the last of the steps it waits for")
     for exit_code in history.sigterm_exits:
         if exit_code != 0:
             violations.append(f"a consumer stopped by SIGTERM exited {exit_code}, not 0")
@@ -121,5 +139,7 @@ def audit(history: History) -> dict[str, Any]:
         "orphans": len(history.orphans),
         "max_rescue_s": round(max(rescue_times, default=0.0), 2),
         "rescue_bound_s": history.rescue_bound,
+        "flows": len(history.flows),
+        "released_early": early,
         "violations": violations,
     }

@@ -13,6 +13,7 @@ COLUMNS = (
     ("queue", "queue"),
     ("ready", "ready"),
     ("in_progress", "in progress"),
+    ("waiting", "waiting"),
     ("done", "done"),
     ("failed", "failed"),
     ("cancelled", "cancelled"),

@@ -37,6 +37,12 @@ class Command(BaseCommand):
             "--restart-command",
             help="A command that restarts the database server, run once per round.",
         )
+        parser.add_argument(
+            "--flows",
+            action="store_true",
+            help="Enqueue the items as flows: groups of 100 steps, each with a then "
+            "(docs/flows.md), and check that no then ran before its steps.",
+        )
         parser.add_argument("--json", action="store_true", help="Print one JSON document.")
         parser.add_argument(
             "--yes",
@@ -73,6 +79,7 @@ class Command(BaseCommand):
                     seed=options["seed"],
                     restart_command=options["restart_command"],
                     verbose=options["verbosity"] > 1,
+                    flows=options["flows"],
                 ),
                 progress.phase,
             )
@@ -98,6 +105,11 @@ def text(report: dict[str, Any]) -> str:
         f"{report['max_rescue_s']:.1f} s "
         f"(bound {report['rescue_bound_s']:.1f} s)",
     ]
+    if report["flows"]:
+        lines.append(
+            f"{report['flows']} flows: {report['released_early']} then items ran before "
+            "their last step"
+        )
     if report["violations"]:
         lines += ["VIOLATIONS:", *(f"- {violation}" for violation in report["violations"])]
     else:

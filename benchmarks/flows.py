@@ -1,0 +1,115 @@
+"""What flows cost (docs/flows.md), each beside its plain baseline, in the same run:
+
+    TXQUEUE_TEST_DB=postgresql python -m benchmarks.flows [STEPS] [ROUNDS]
+
+- drain: a group of STEPS steps with a ``then`` (default 10,000), drained by one burst
+  ``Worker`` (batch 10), beside STEPS independent items; items per second, median of
+  ROUNDS (default 3), the two taking turns;
+- release: how long after the last step's acknowledgement its ``then`` was claimed
+  (``finished_at`` to ``claimed_at``, both by the database's clock), p50 and p95 over
+  ROUNDS x 10 groups of 20 steps drained by one consumer;
+- enqueue: writing a group of 1,000 steps with a ``then``, beside ``enqueue_many`` of
+  1,000; milliseconds, median of ROUNDS x 3.
+
+Run by hand on its own database (``txqueue_bench_flows``), never by pytest; it prints
+numbers and asserts nothing a noisy machine could fail.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+from benchmarks.database import prepare_database  # noqa: E402
+
+prepare_database(os.environ.get("TXQUEUE_TEST_DB", "sqlite"), "txqueue_bench_flows")
+
+from django.db.models import Max  # noqa: E402
+
+from django_txqueue import Queue, group, step  # noqa: E402
+from django_txqueue.consumer.worker import Worker  # noqa: E402
+from django_txqueue.models import QueueDependency, QueueItem  # noqa: E402
+
+QUEUE = "bench-flows"
+
+
+def empty() -> None:
+    QueueItem.objects.all().delete()
+    QueueDependency.objects.all().delete()
+
+
+def drain() -> float:
+    """Seconds for one burst Worker to drain the queue."""
+    began = time.perf_counter()
+    Worker({QUEUE: lambda item: None}, batch=10, burst=True).run()
+    return time.perf_counter() - began
+
+
+def drain_rates(steps: int) -> tuple[float, float]:
+    """Items per second: STEPS plain items, then a group of STEPS steps and its then."""
+    empty()
+    Queue(QUEUE).enqueue_many([{"n": n} for n in range(steps)])
+    plain = steps / drain()
+    empty()
+    group(*(step(QUEUE, {"n": n}) for n in range(steps)), then=step(QUEUE, {})).enqueue()
+    flow = (steps + 1) / drain()
+    return plain, flow
+
+
+def release_delays(groups: int) -> list[float]:
+    """Milliseconds from each group's last step acknowledged to its then claimed."""
+    delays = []
+    for _ in range(groups):
+        empty()
+        items = group(*(step(QUEUE, {"n": n}) for n in range(20)), then=step(QUEUE, {})).enqueue()
+        drain()
+        steps = QueueItem.objects.filter(pk__in=[i.pk for i in items.items[:-1]])
+        last_ack = steps.aggregate(last=Max("finished_at"))["last"]
+        claimed = QueueItem.objects.get(pk=items.items[-1].pk).claimed_at
+        delays.append((claimed - last_ack).total_seconds() * 1000)
+    return delays
+
+
+def enqueue_times(size: int) -> tuple[float, float]:
+    """Milliseconds: enqueue_many of SIZE, then a group of SIZE steps with a then."""
+    empty()
+    began = time.perf_counter()
+    Queue(QUEUE).enqueue_many([{"n": n} for n in range(size)])
+    plain = (time.perf_counter() - began) * 1000
+    empty()
+    began = time.perf_counter()
+    group(*(step(QUEUE, {"n": n}) for n in range(size)), then=step(QUEUE, {})).enqueue()
+    return plain, (time.perf_counter() - began) * 1000
+
+
+def main() -> None:
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    vendor = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
+    rates = [drain_rates(steps) for _ in range(rounds)]
+    plain, flow = (statistics.median(r[n] for r in rates) for n in (0, 1))
+    print(f"{vendor}, load {os.getloadavg()[0]:.2f}")
+    print(
+        f"drain, {steps:,} items: plain {plain:,.0f}/s, a group with a then {flow:,.0f}/s "
+        f"({flow / plain:.0%})"
+    )
+    delays = sorted(release_delays(rounds * 10))
+    p95 = delays[max(0, round(len(delays) * 0.95) - 1)]
+    print(
+        f"then claimed after the last step's acknowledgement: p50 "
+        f"{statistics.median(delays):.1f} ms, p95 {p95:.1f} ms ({len(delays)} groups)"
+    )
+    times = [enqueue_times(1000) for _ in range(rounds * 3)]
+    many, flows = (statistics.median(t[n] for t in times) for n in (0, 1))
+    print(
+        f"enqueue 1,000: enqueue_many {many:.1f} ms, a group with a then {flows:.1f} ms "
+        f"({flows / many:.2f}x)"
+    )
+    empty()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Flows in several steps, inserted in the producer's transaction (docs/flows.md).
+
+``step`` is one item to be; ``chain(a, b, c)`` runs each part after the previous one;
+``group(a, b, then=c)`` runs the parts side by side and ``then`` after all of them. Parts
+nest. ``.enqueue()`` on any of them writes the whole flow at once: its items, WAITING
+where they wait for others, and the edges between them, in a few statements (one INSERT
+per run of steps alike, then the edges), and returns the ``Flow``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import conf, store
+from .api import Queue, home_database
+from .consumer.wakeup import wake_local_consumers
+from .models import QueueBound, QueueItem
+from .status import Status
+
+
+@dataclass(frozen=True)
+class Flow:
+    """The items of one flow: ``id``, and ``items`` in the order they were written
+    (``Flow.of`` reads them back in enqueue order)."""
+
+    id: uuid.UUID
+    items: list[QueueItem] = field(repr=False)
+
+    @classmethod
+    def of(cls, item: QueueItem) -> Flow:
+        """The flow ``item`` belongs to (ValueError if it belongs to none)."""
+        if item.flow is None:
+            raise ValueError(f"item {item.pk} belongs to no flow")
+        items = QueueItem.objects.using(item._state.db).filter(flow=item.flow).order_by("pk")
+        return cls(item.flow, list(items))
+
+    def counts(self) -> dict[Status, int]:
+        """How many of the flow's items are in each status, read now; statuses with none
+        left out."""
+        items = QueueItem.objects.using(self.items[0]._state.db if self.items else None)
+        rows = items.filter(flow=self.id).values_list("status")
+        found = Counter(status for (status,) in rows)
+        return {Status(status): n for status, n in sorted(found.items())}
+
+
+class Part:
+    """A step, chain or group: ``heads`` run first, ``tails`` end it."""
+
+    def steps(self) -> list[Step]:
+        raise NotImplementedError
+
+    def wire(self, waits: dict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
+        """Record in ``waits`` ({id(step): the steps it waits for}) what waits for what
+        inside this part; returns its heads and its tails."""
+        raise NotImplementedError
+
+    def enqueue(self, using: str | None = None) -> Flow:
+        """Insert the whole flow in the caller's transaction: its items (READY where they
+        wait for nothing) and the edges between them. ``using``: the database (by
+        default the first step's queue's); every step's queue must live there."""
+        steps = self.steps()
+        if len(set(map(id, steps))) != len(steps):
+            raise ValueError("a step appears twice in this flow; make a new step() for each")
+        waits: dict[int, list[Step]] = {id(s): [] for s in steps}
+        self.wire(waits)
+        alias = using or home_database(steps[0].queue)
+        elsewhere = [s.queue for s in steps if using is None and home_database(s.queue) != alias]
+        if elsewhere:
+            raise ValueError(
+                f"queue {elsewhere[0]!r} lives on another database than {steps[0].queue!r}: "
+                "a flow lives on one database (pass using=, or place the queues together)"
+            )
+        index = {id(s): n for n, s in enumerate(steps)}
+        parents = [[index[id(p)] for p in waits[id(s)]] for s in steps]
+        waited_for = {parent for waits_for in parents for parent in waits_for}
+        flow = uuid.uuid4()
+        rows = [
+            s.values(alias, flow, len(parents[n]), n in waited_for) for n, s in enumerate(steps)
+        ]
+        queues = {s.queue: conf.queue_options(s.queue) for s in steps}
+        items = store.enqueue_flow(
+            QueueItem,
+            alias,
+            rows,
+            [s.payload for s in steps],
+            parents,
+            bounds={q: o["MAX_SIZE"] for q, o in queues.items() if o["MAX_SIZE"] is not None},
+            bound_model=QueueBound,
+            fair={q for q, o in queues.items() if o["FAIR"]},
+        )
+        for queue in queues:
+            wake_local_consumers(queue, alias)
+        return Flow(flow, items)
+
+
+class Step(Part):
+    """One item to be: ``queue``, ``payload`` and ``enqueue``'s options."""
+
+    def __init__(self, queue: str, payload: Any = None, **options: Any) -> None:
+        if "after" in options:
+            raise TypeError("a step waits for the parts before it in its flow, not after=")
+        if options.get("dedup_key") is not None:
+            raise ValueError("dedup_key names one item; enqueue such items one at a time")
+        self.queue, self.payload, self.options = queue, payload, options
+        Queue(queue).values(payload, **options)  # bad input refused now, by the builder
+
+    def __repr__(self) -> str:
+        return f"step({self.queue!r}, {self.payload!r})"
+
+    def steps(self) -> list[Step]:
+        return [self]
+
+    def wire(self, waits: dict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
+        return [self], [self]
+
+    def values(
+        self, using: str, flow: uuid.UUID, waiting_for: int, waited_for: bool
+    ) -> dict[str, Any]:
+        """The item's fields but the payload, for ``using``, waiting for ``waiting_for``."""
+        values = Queue(self.queue, using=using).values(self.payload, **self.options)
+        return {
+            **values,
+            "flow": flow,
+            "status": Status.WAITING if waiting_for else Status.READY,
+            "waiting_for": waiting_for,
+            "has_dependents": waited_for,
+        }
+
+
+class Chain(Part):
+    def __init__(self, parts: Sequence[Part]) -> None:
+        self.parts = list(parts)
+
+    def steps(self) -> list[Step]:
+        return [s for part in self.parts for s in part.steps()]
+
+    def wire(self, waits: dict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
+        heads: list[Step] = []
+        tails: list[Step] = []
+        for part in self.parts:
+            part_heads, part_tails = part.wire(waits)
+            for head in part_heads:
+                waits[id(head)] += tails
+            heads, tails = heads or part_heads, part_tails
+        return heads, tails
+
+
+class Group(Part):
+    def __init__(self, parts: Sequence[Part], then: Part | None) -> None:
+        self.parts, self.then = list(parts), then
+
+    def steps(self) -> list[Step]:
+        then = self.then.steps() if self.then is not None else []
+        return [s for part in self.parts for s in part.steps()] + then
+
+    def wire(self, waits: dict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
+        heads: list[Step] = []
+        tails: list[Step] = []
+        for part in self.parts:
+            part_heads, part_tails = part.wire(waits)
+            heads += part_heads
+            tails += part_tails
+        if self.then is None:
+            return heads, tails
+        then_heads, then_tails = self.then.wire(waits)
+        for head in then_heads:
+            waits[id(head)] += tails
+        return heads, then_tails
+
+
+def step(queue: str, payload: Any = None, **options: Any) -> Step:
+    """One item to be in a flow, with ``enqueue``'s options (not ``after``: its place in
+    the flow says what it waits for)."""
+    return Step(queue, payload, **options)
+
+
+def chain(*parts: Part) -> Chain:
+    """Each part after the previous one has ended."""
+    return Chain(_parts(parts, "chain"))
+
+
+def group(*parts: Part, then: Part | None = None) -> Group:
+    """The parts side by side; ``then`` after all of them."""
+    if then is not None and not isinstance(then, Part):
+        raise TypeError(f"then must be a step, chain or group, not {type(then).__name__}")
+    return Group(_parts(parts, "group"), then)
+
+
+def _parts(parts: Sequence[Any], what: str) -> list[Part]:
+    if not parts:
+        raise ValueError(f"{what}() needs at least one part")
+    for part in parts:
+        if not isinstance(part, Part):
+            raise TypeError(f"{what}() takes steps, chains and groups, not {type(part).__name__}")
+    return list(parts)

@@ -1,0 +1,433 @@
+"""Flows (docs/flows.md): an item enqueued ``after=`` others is WAITING, never claimed,
+and READY in the transaction that records the last of them DONE; a failure or a
+cancellation cancels what waits for it (transitively), unless it runs after a failure."""
+
+import datetime as dt
+import io
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+from django.urls import reverse
+
+from django_txqueue import (
+    Flow,
+    Queue,
+    QueueFull,
+    Status,
+    chain,
+    enqueue,
+    enqueue_many,
+    group,
+    step,
+)
+from django_txqueue.consumer.worker import Worker
+from django_txqueue.models import QueueDependency, QueueItem
+
+from .helpers import expire
+from .test_admin import DASHBOARD, ITEMS, SCRIPT, item_page, message, shown, staff
+
+LONG = 600  # a lease no test outlives
+
+
+def stored(item):
+    return QueueItem.objects.get(pk=item.pk)
+
+
+def claim_one(queue):
+    [item] = queue.claim(1, pid="me", lease=LONG)
+    return item
+
+
+def finish(queue, *, result=None):
+    """Claim the queue's next item and acknowledge it; the item."""
+    item = claim_one(queue)
+    assert item.ack(result) is True
+    return item
+
+
+# -- waiting and release ----------------------------------------------------------------
+
+
+def test_an_item_after_another_waits_and_is_never_claimed(queue):
+    parent = queue.enqueue({"n": 1})
+    child = Queue("children").enqueue({"n": 2}, after=[parent])
+    assert child.status == Status.WAITING
+    assert stored(child).waiting_for == 1
+    assert Queue("children").claim(10, pid="me") == []
+    assert list(child.dependencies()) == [stored(parent)]
+    assert list(parent.dependents()) == [stored(child)]
+
+
+def test_the_last_acknowledgement_releases_it_in_its_own_transaction(queue):
+    first, second = queue.enqueue({"n": 1}), queue.enqueue({"n": 2})
+    child = Queue("children").enqueue({}, after=[first, second.pk])
+    finish(queue)
+    assert stored(child).status == Status.WAITING  # one of two done
+    with transaction.atomic():
+        finish(queue)
+        assert stored(child).status == Status.READY  # in the acknowledging transaction
+    [claimed] = Queue("children").claim(1, pid="me")
+    assert claimed.pk == child.pk
+    assert stored(child).waiting_for == 0
+
+
+def test_items_already_done_count_at_once(queue):
+    done = queue.enqueue({})
+    finish(queue)
+    child = Queue("children").enqueue({}, after=[done])
+    assert child.status == Status.READY
+    assert Queue("children").claim(1, pid="me")[0].pk == child.pk
+
+
+def test_an_item_claimed_before_something_waits_for_it_still_releases_it(queue):
+    """The holder read the row before the waiting item was enqueued: its acknowledgement
+    leaves the row to the flow path, which releases the waiting item."""
+    parent = queue.enqueue({})
+    held = claim_one(queue)
+    child = Queue("children").enqueue({}, after=[parent])
+    assert held.has_dependents is False  # as the holder read it
+    assert held.ack({"ok": 1}) is True
+    row = stored(parent)
+    assert (row.status, row.result) == (Status.DONE, {"ok": 1})
+    assert stored(child).status == Status.READY
+
+
+def test_enqueue_many_after_waits_every_item(queue):
+    parent = queue.enqueue({})
+    children = enqueue_many("children", [{"n": n} for n in range(5)], after=[parent])
+    assert [stored(c).status for c in children] == [Status.WAITING] * 5
+    assert QueueDependency.objects.filter(parent_id=parent.pk).count() == 5
+    assert sorted(c.pk for c in parent.dependents()) == sorted(c.pk for c in children)
+    finish(queue)
+    assert Queue("children").count(Status.READY) == 5
+
+
+def test_a_handler_reads_what_its_parents_returned(queue):
+    parent = queue.enqueue({})
+    child = Queue("children").enqueue({}, after=[parent])
+    finish(queue, result={"thumbnail": "a.png"})
+    assert [p.result for p in stored(child).dependencies()] == [{"thumbnail": "a.png"}]
+
+
+def test_a_retried_parent_is_not_finished(queue):
+    parent = queue.enqueue({}, max_attempts=3)
+    child = Queue("children").enqueue({}, after=[parent])
+    held = claim_one(queue)
+    assert held.retry("busy", delay=0) is True
+    assert stored(child).status == Status.WAITING
+    finish(queue)
+    assert stored(child).status == Status.READY
+
+
+# -- failures and cancellations -------------------------------------------------------------
+
+
+def test_a_failed_parent_cancels_what_waits_for_it_transitively(queue):
+    parent = queue.enqueue({})
+    child = Queue("children").enqueue({}, after=[parent])
+    grandchild = Queue("grandchildren").enqueue({}, after=[child])
+    assert claim_one(queue).fail("boom") is True
+    row = stored(child)
+    assert row.status == Status.CANCELLED
+    assert f"item {parent.pk}" in row.last_error and "failed" in row.last_error
+    assert row.finished_at is not None
+    assert stored(grandchild).status == Status.CANCELLED
+    assert f"item {child.pk}" in stored(grandchild).last_error
+
+
+def test_after_failure_run_releases_it_once_everything_ended(queue):
+    failing, passing = queue.enqueue({"n": 1}), queue.enqueue({"n": 2})
+    report = Queue("reports").enqueue({}, after=[failing, passing], after_failure="run")
+    assert claim_one(queue).fail("bounced") is True
+    assert stored(report).status == Status.WAITING
+    finish(queue)
+    assert stored(report).status == Status.READY
+
+
+def test_an_item_after_a_failed_one_is_cancelled_at_once(queue):
+    parent = queue.enqueue({})
+    claim_one(queue).fail("boom")
+    child = Queue("children").enqueue({}, after=[parent])
+    assert child.status == Status.CANCELLED
+    assert f"item {parent.pk}" in stored(child).last_error
+    ran = Queue("children").enqueue({}, after=[parent], after_failure="run")
+    assert ran.status == Status.READY
+
+
+def test_cancelling_a_waiting_item_cancels_what_waits_for_it(queue):
+    parent = queue.enqueue({})
+    child = Queue("children").enqueue({}, after=[parent])
+    grandchild = Queue("grandchildren").enqueue({}, after=[child])
+    assert Queue("children").cancel() == 1
+    assert stored(child).status == Status.CANCELLED
+    assert stored(grandchild).status == Status.CANCELLED
+    finish(queue)  # the parent, done after all: nothing waits for it any more
+    assert stored(child).status == Status.CANCELLED
+
+
+def test_cancelling_a_ready_parent_cancels_its_dependents(queue):
+    parent = queue.enqueue({})
+    child = Queue("children").enqueue({}, after=[parent])
+    assert parent.cancel() is True
+    assert stored(child).status == Status.CANCELLED
+    assert "cancelled" in stored(child).last_error
+
+
+@pytest.mark.usefixtures("fast_consumers")
+def test_a_rescued_parent_out_of_attempts_cancels_its_dependents(queue):
+    parent = queue.enqueue({}, max_attempts=1)
+    child = Queue("children").enqueue({}, after=[parent])
+    expire(claim_one(queue))
+    assert queue.requeue_stuck() == 1
+    assert stored(parent).status == Status.FAILED
+    assert stored(child).status == Status.CANCELLED
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+def test_an_unknown_parent_is_refused_having_written_nothing(queue):
+    with transaction.atomic():
+        with pytest.raises(ValueError, match="no item 987654321 on database 'default'"):
+            queue.enqueue({}, after=[987654321])
+        assert queue.count() == 0
+        queue.enqueue({})  # the caller's transaction is still usable
+    assert queue.count() == 1
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_a_parent_on_another_database_is_refused(queue):
+    elsewhere = Queue(queue.name, using="other").enqueue({})
+    with pytest.raises(ValueError, match="a flow lives on one database"):
+        queue.enqueue({}, after=[elsewhere])
+    assert queue.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("after", "error"),
+    [
+        (5, TypeError),
+        ([None], TypeError),
+        (["7"], TypeError),
+        ([QueueItem(queue="x")], ValueError),
+    ],
+)
+def test_after_takes_a_list_of_saved_items_or_ids(queue, after, error):
+    with pytest.raises(error):
+        queue.enqueue({}, after=after)
+    assert queue.count() == 0
+
+
+def test_after_failure_is_cancel_or_run(queue):
+    with pytest.raises(ValueError, match="after_failure must be 'cancel' or 'run'"):
+        enqueue(queue.name, {}, after=[], after_failure="skip")
+
+
+# -- everything else for waiting items ----------------------------------------------------
+
+
+def test_a_waiting_item_holds_its_dedup_key(queue):
+    parent = queue.enqueue({})
+    child = Queue("children").enqueue({}, after=[parent], dedup_key="report")
+    twin = Queue("children").enqueue({}, dedup_key="report")
+    assert twin.pk == child.pk
+    assert Queue("children").count(None) == 1
+
+
+def test_waiting_items_count_towards_max_size(queue, settings):
+    settings.TXQUEUE = {**settings.TXQUEUE, "QUEUES": {"bounded": {"MAX_SIZE": 2}}}
+    parent = queue.enqueue({})
+    Queue("bounded").enqueue({}, after=[parent])
+    Queue("bounded").enqueue({}, after=[parent])
+    with pytest.raises(QueueFull):
+        Queue("bounded").enqueue({})
+
+
+def test_purge_keeps_what_a_waiting_item_still_waits_for(queue):
+    done, running = queue.enqueue({"n": 1}), queue.enqueue({"n": 2})
+    child = Queue("children").enqueue({}, after=[done, running])
+    finish(queue)
+    assert stored(done).status == Status.DONE
+    assert queue.purge(older_than=dt.timedelta(0)) == 0  # the child waits for it still
+    finish(queue)
+    Queue("children").claim(1, pid="me")[0].ack()
+    assert queue.purge(older_than=dt.timedelta(0)) == 2
+    assert Queue("children").purge(older_than=dt.timedelta(0)) == 1
+    assert not QueueDependency.objects.filter(item_id=child.pk).exists()
+
+
+# -- through a consumer -------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_consumer_runs_a_waiting_item_after_its_parents(queue):
+    ran = []
+    handlers = {
+        name: (lambda item, name=name: ran.append((name, item.payload["n"])))
+        for name in (queue.name, "children")
+    }
+    parents = [queue.enqueue({"n": n}) for n in range(3)]
+    Queue("children").enqueue({"n": 99}, after=parents)
+    Worker(handlers, batch=2, burst=True).run()
+    assert sorted(ran[:3]) == [(queue.name, 0), (queue.name, 1), (queue.name, 2)]
+    assert ran[3:] == [("children", 99)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_handler_cancels_its_dependents_through_a_consumer(queue):
+    def boom(item):
+        raise RuntimeError("no thumbnails today")
+
+    parent = queue.enqueue({}, max_attempts=1)
+    child = Queue("children").enqueue({}, after=[parent])
+    Worker({queue.name: boom, "children": lambda item: None}, burst=True).run()
+    assert stored(parent).status == Status.FAILED
+    assert stored(child).status == Status.CANCELLED
+
+
+# -- builders ---------------------------------------------------------------------------------
+
+
+def test_a_chain_runs_each_step_after_the_previous_one(db):
+    flow = chain(step("resize", {"photo": 1}), step("publish", {"photo": 1})).enqueue()
+    resize, publish = flow.items
+    assert (resize.queue, publish.queue) == ("resize", "publish")
+    assert [stored(i).status for i in flow.items] == [Status.READY, Status.WAITING]
+    assert list(publish.dependencies()) == [stored(resize)]
+    assert {i.flow for i in flow.items} == {flow.id}
+    finish(Queue("resize"))
+    assert stored(publish).status == Status.READY
+
+
+def test_a_group_with_then_releases_then_after_all_its_parts(db):
+    flow = group(*(step("thumbs", {"size": n}) for n in range(3)), then=step("publish")).enqueue()
+    *thumbs, publish = flow.items
+    assert stored(publish).waiting_for == 3
+    for _ in range(2):
+        finish(Queue("thumbs"))
+    assert stored(publish).status == Status.WAITING
+    finish(Queue("thumbs"))
+    assert stored(publish).status == Status.READY
+    assert flow.counts() == {Status.DONE: 3, Status.READY: 1}
+
+
+def test_parts_nest_and_items_come_in_the_order_written(db):
+    flow = chain(
+        step("resize"),
+        group(chain(step("a"), step("a2")), step("b"), then=step("publish")),
+        step("notify"),
+    ).enqueue()
+    assert [i.queue for i in flow.items] == ["resize", "a", "a2", "b", "publish", "notify"]
+    resize, a, a2, b, publish, notify = flow.items
+    assert set(a.dependencies()) == {stored(resize)}
+    assert set(b.dependencies()) == {stored(resize)}
+    assert set(a2.dependencies()) == {stored(a)}
+    assert set(publish.dependencies()) == {stored(a2), stored(b)}
+    assert set(notify.dependencies()) == {stored(publish)}
+    assert [i.pk for i in Flow.of(notify).items] == sorted(i.pk for i in flow.items)
+
+
+def test_a_group_of_a_thousand_is_a_few_statements(db, django_assert_max_num_queries):
+    with django_assert_max_num_queries(12):
+        flow = group(*(step("mail", {"n": n}) for n in range(1000)), then=step("report")).enqueue()
+    assert len(flow.items) == 1001
+    assert QueueDependency.objects.filter(item_id=flow.items[-1].pk).count() == 1000
+    assert Queue("mail").count(Status.READY) == 1000
+
+
+def test_a_flow_is_written_in_the_callers_transaction(db):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        chain(step("resize"), step("publish")).enqueue()
+        raise RuntimeError("the booking failed")
+    assert QueueItem.objects.filter(queue__in=["resize", "publish"]).count() == 0
+
+
+def test_a_failed_step_cancels_the_rest_of_its_chain(db):
+    flow = chain(step("resize"), step("publish"), step("notify")).enqueue()
+    assert claim_one(Queue("resize")).fail("corrupt photo") is True
+    assert [stored(i).status for i in flow.items[1:]] == [Status.CANCELLED] * 2
+
+
+def test_a_step_may_run_after_a_failure(db):
+    flow = group(
+        step("mail", {"n": 1}), step("mail", {"n": 2}), then=step("report", after_failure="run")
+    ).enqueue()
+    claim_one(Queue("mail")).fail("bounced")
+    finish(Queue("mail"))
+    assert stored(flow.items[-1]).status == Status.READY
+
+
+def test_builders_refuse_bad_input_before_writing(db):
+    with pytest.raises(ValueError, match="priority"):
+        step("resize", priority="high")
+    with pytest.raises(TypeError, match="not after="):
+        step("resize", after=[1])
+    with pytest.raises(TypeError, match="takes steps, chains and groups"):
+        chain(step("a"), "b")
+    with pytest.raises(ValueError, match="at least one part"):
+        group()
+    twice = step("a")
+    with pytest.raises(ValueError, match="appears twice"):
+        chain(twice, twice).enqueue()
+    assert QueueItem.objects.count() == 0
+
+
+def test_flow_of_an_item_outside_any_flow_is_refused(queue):
+    with pytest.raises(ValueError, match="belongs to no flow"):
+        Flow.of(queue.enqueue({}))
+
+
+# -- in the admin -------------------------------------------------------------------------------
+
+
+def flow_page(item):
+    return reverse("admin:django_txqueue_queueitem_flow", args=[item.pk])
+
+
+def test_the_admin_shows_a_flow_from_any_of_its_items(admin_client):
+    flow = group(step(SCRIPT, {"n": 1}), step("thumbs", {"n": 2}), then=step("publish")).enqueue()
+    first, _, publish = flow.items
+    change = admin_client.get(item_page(publish)).content.decode()
+    assert flow_page(publish) in change
+    assert "waiting for 2" in change
+    page = admin_client.get(flow_page(first))
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert 'id="flow-chart"' in html
+    assert html.count('class="flow-item"') == 3
+    assert html.count("<line ") == 2  # the two edges into publish
+    assert SCRIPT not in html and "&lt;script&gt;" in html  # escaped, chart and table
+    assert f"#{first.pk}" in html  # publish's "waits for" column
+    listed = admin_client.get(ITEMS, {"flow": str(flow.id)})
+    assert shown(listed) == {i.pk for i in flow.items}
+    assert shown(admin_client.get(ITEMS, {"flow": "not-a-uuid"})) == set()
+
+
+def test_cancelling_a_flow_in_the_admin_needs_the_change_permission(client, admin_client):
+    flow = chain(step("resize"), step("publish")).enqueue()
+    client.force_login(staff("viewer", "view_queueitem"))
+    assert client.get(flow_page(flow.items[0])).status_code == 200
+    assert client.post(flow_page(flow.items[0])).status_code == 403
+    assert [stored(i).status for i in flow.items] == [Status.READY, Status.WAITING]
+    response = admin_client.post(flow_page(flow.items[0]), follow=True)
+    assert "Cancelled 2 item(s) of the flow." in message(response)
+    assert [stored(i).status for i in flow.items] == [Status.CANCELLED] * 2
+
+
+def test_an_item_outside_any_flow_has_no_flow_page(admin_client, queue):
+    item = queue.enqueue({})
+    assert admin_client.get(flow_page(item)).status_code == 404
+    assert admin_client.get("/admin/django_txqueue/queueitem/x1/flow/").status_code == 404
+
+
+def test_the_dashboard_and_the_stats_count_waiting_items(admin_client, queue):
+    parent = queue.enqueue({})
+    Queue("children").enqueue({}, after=[parent])
+    Queue("children").enqueue({}, after=[parent])
+    assert Queue("children").stats()["waiting"] == 2
+    html = admin_client.get(DASHBOARD).content.decode()
+    assert 'data-column="waiting"' in html
+    out = io.StringIO()
+    call_command("txqueue_stats", "children", stdout=out)
+    assert "waiting" in out.getvalue()
