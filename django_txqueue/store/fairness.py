@@ -15,7 +15,8 @@ into the same round; the id orders them.
 
 **Ordered** (``ORDERED``): a claim takes an item only while no earlier item of its key
 is waiting and none is running: one item per key in flight, in enqueue order. A retried
-item is waiting (READY, due later), so it holds its key back; a FAILED one releases it.
+item is waiting (READY, due later), so it holds its key back, as does a flow's WAITING
+item; a FAILED one releases it.
 ``MAX_IN_FLIGHT_PER_KEY`` N is the same with N places per key: a key's first N
 unfinished items may run at once.
 """
@@ -77,7 +78,10 @@ def in_key_order(items: QuerySet[QueueItem], limit: int) -> QuerySet[QueueItem]:
     MariaDB materialises them)."""
     same_key = items.model._default_manager.filter(key=OuterRef("key"), queue=OuterRef("queue"))
     running = same_key.filter(status=Status.IN_PROGRESS)
-    ahead = same_key.filter(status=Status.READY, pk__lt=OuterRef("pk"))
+    # WAITING ones too: a flow's item keeps its place in its key's order (docs/flows.md).
+    ahead = same_key.filter(
+        Q(status=Status.READY) | Q(status=Status.WAITING), pk__lt=OuterRef("pk")
+    )
 
     def at_least(rows: QuerySet[QueueItem], n: int) -> Exists:
         return Exists(rows[n - 1 : n])  # the row at offset n - 1 exists
