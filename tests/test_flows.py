@@ -311,6 +311,18 @@ def test_a_consumer_runs_a_waiting_item_after_its_parents(queue):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_burst_run_does_not_stop_before_the_step_its_last_batch_released(queue):
+    """The last batch's acknowledgement rides with a claim that finds nothing; the step it
+    releases is claimed all the same, in the same burst run."""
+    steps = [step(queue.name, {"n": n}) for n in range(20)]
+    flow = group(*steps, then=step(queue.name, {"then": True})).enqueue()
+    ran = []
+    Worker({queue.name: ran.append}, batch=10, burst=True).run()
+    assert [item.pk for item in ran][-1] == flow.items[-1].pk
+    assert stored(flow.items[-1]).status == Status.DONE
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_failing_handler_cancels_its_dependents_through_a_consumer(queue):
     def boom(item):
         raise RuntimeError("no thumbnails today")

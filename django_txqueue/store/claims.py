@@ -134,7 +134,13 @@ def ack_and_claim(
             raise
         # The claim kept losing races, and took the acknowledgement down with it.
         return ack_many(statement.model, statement.alias, ack), []
-    return acked + ack_waited_for(statement.model, statement.alias, ack, acked), items
+    waited_for = ack_waited_for(statement.model, statement.alias, ack, acked)
+    if waited_for and not items:
+        # Acknowledging items that others wait for may have released some (a flow's next
+        # step), which the claim ran too early to see: one more look, so that a burst run
+        # does not stop with them READY.
+        items = claim(statement, pid=pid, strategy=resolved, lease=lease)
+    return acked + waited_for, items
 
 
 def queues_with_due_items(model: type[Model], alias: str, names: list[str]) -> set[str]:
