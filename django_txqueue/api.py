@@ -306,10 +306,8 @@ class Queue:
             max_attempts=options["MAX_ATTEMPTS"] if max_attempts is None else max_attempts,
             after_failure=after_failure,
         )
-        if key is None:
-            setting = next((name for name in fairness.KEYED_BY if options[name]), None)
-            if setting is not None:
-                raise ValueError(f"queue {self.name!r} has {setting}: each item needs a key")
+        if key is None and (setting := fairness.needs_key(self.name)):
+            raise ValueError(f"queue {self.name!r} has {setting}: each item needs a key")
         if "delay" in values:
             # Due by the database clock, like every other time comparison.
             values["run_at"] = store.now_plus(values.pop("delay"))

@@ -4,6 +4,7 @@ cancellation cancels what waits for it (transitively), unless it runs after a fa
 
 import datetime as dt
 import io
+import json
 
 import pytest
 from django.core.management import call_command
@@ -479,5 +480,5 @@ def test_the_dashboard_and_the_stats_count_waiting_items(admin_client, queue):
     html = admin_client.get(DASHBOARD).content.decode()
     assert 'data-column="waiting"' in html
     out = io.StringIO()
-    call_command("txqueue_stats", "children", stdout=out)
-    assert "waiting" in out.getvalue()
+    call_command("txqueue_stats", "children", "--json", stdout=out)
+    assert [row["waiting"] for row in json.loads(out.getvalue())] == [2]

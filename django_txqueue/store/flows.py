@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
     from ..models import QueueItem
 
+# The ends of an item waited for that cancel what waits for it (unless it runs anyway).
+FAILED_OR_CANCELLED = (Status.FAILED, Status.CANCELLED)
 # Primary keys per statement: SQLite binds at most 32,766 parameters, older ones 999.
 CHUNK = 500
 
@@ -69,9 +71,6 @@ def waiting_values(
         "status": Status.WAITING if unfinished else Status.READY,
         "waiting_for": unfinished,
     }
-
-
-FAILED_OR_CANCELLED = (Status.FAILED, Status.CANCELLED)
 
 
 def cancelled(parent: Any, status: int) -> dict[str, Any]:
