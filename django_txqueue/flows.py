@@ -19,6 +19,7 @@ from . import conf, store
 from .api import Queue, home_database
 from .consumer.wakeup import wake_local_consumers
 from .models import QueueBound, QueueItem
+from .observe import tracing
 from .status import Status
 
 
@@ -68,7 +69,8 @@ class Part:
         waits: dict[int, list[Step]] = {id(s): [] for s in steps}
         self.wire(waits)
         alias = using or home_database(steps[0].queue)
-        elsewhere = [s.queue for s in steps if using is None and home_database(s.queue) != alias]
+        queues = {s.queue: conf.queue_options(s.queue) for s in steps}
+        elsewhere = [q for q in queues if using is None and home_database(q) != alias]
         if elsewhere:
             raise ValueError(
                 f"queue {elsewhere[0]!r} lives on another database than {steps[0].queue!r}: "
@@ -78,10 +80,10 @@ class Part:
         parents = [[index[id(p)] for p in waits[id(s)]] for s in steps]
         waited_for = {parent for waits_for in parents for parent in waits_for}
         flow = uuid.uuid4()
-        rows = [
-            s.values(alias, flow, len(parents[n]), n in waited_for) for n, s in enumerate(steps)
-        ]
-        queues = {s.queue: conf.queue_options(s.queue) for s in steps}
+        rows = [s.values(flow, len(parents[n]), n in waited_for) for n, s in enumerate(steps)]
+        if (trace_context := tracing.current_context()) is not None:
+            for row in rows:  # the enqueue's, as enqueue() takes it
+                row["trace_context"] = trace_context
         items = store.enqueue_flow(
             QueueItem,
             alias,
@@ -105,8 +107,11 @@ class Step(Part):
             raise TypeError("a step waits for the parts before it in its flow, not after=")
         if options.get("dedup_key") is not None:
             raise ValueError("dedup_key names one item; enqueue such items one at a time")
-        self.queue, self.payload, self.options = queue, payload, options
-        Queue(queue).values(payload, **options)  # bad input refused now, by the builder
+        self.queue, self.payload = queue, payload
+        # Bad input refused now, by the builder; the fields kept for the enqueue, but the
+        # trace context, taken by the enqueue (one for the flow).
+        self.fields = Queue(queue).values(payload, **options)
+        self.fields.pop("trace_context", None)
 
     def __repr__(self) -> str:
         return f"step({self.queue!r}, {self.payload!r})"
@@ -117,13 +122,10 @@ class Step(Part):
     def wire(self, waits: dict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
         return [self], [self]
 
-    def values(
-        self, using: str, flow: uuid.UUID, waiting_for: int, waited_for: bool
-    ) -> dict[str, Any]:
-        """The item's fields but the payload, for ``using``, waiting for ``waiting_for``."""
-        values = Queue(self.queue, using=using).values(self.payload, **self.options)
+    def values(self, flow: uuid.UUID, waiting_for: int, waited_for: bool) -> dict[str, Any]:
+        """The item's fields but the payload, waiting for ``waiting_for``."""
         return {
-            **values,
+            **self.fields,
             "flow": flow,
             "status": Status.WAITING if waiting_for else Status.READY,
             "waiting_for": waiting_for,

@@ -65,12 +65,12 @@ def _estimates(connection):
 
 
 def _bulk_params(connection):
-    """How the dialect sends two rows of one column to its bulk source, or None where
-    rows go as VALUES."""
+    """How the dialect sends two rows of one text column to its bulk source, or None
+    where rows go as VALUES."""
     found = _dialect(connection)
     if found.bulk_rows(connection, ["integer"]) is None:
         return None
-    return found.bulk_params([[1], [2]])
+    return found.bulk_params([["a"], ["b"]])
 
 
 FEATURES = {

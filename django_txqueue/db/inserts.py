@@ -148,6 +148,27 @@ class Inserts(Generic[M]):
             for batch in batches:
                 self._insert(connection, *batch)
 
+    def insert_values(self, names: Sequence[str], rows: list[list[Any]]) -> None:
+        """Insert ``rows``, each the plain values (ints, strings) of the columns ``names``,
+        all or none, with no instance to give a primary key: rows nothing reads back (a
+        flow's edges), without a model instance built and converted per row."""
+        connection = self.connection
+        shape: Shape = tuple((name, None) for name in names)
+        size = self.batch_size(shape)
+        with (
+            transaction.atomic(using=self.alias, savepoint=False),
+            self.dialect.hot_cursor(connection) as cursor,
+        ):
+            for start in range(0, len(rows), size):
+                batch = rows[start : start + size]
+                bulk = self.bulk_statement(connection, shape) if len(batch) > 1 else None
+                params = self.bulk_params(connection, batch) if bulk is not None else None
+                if bulk is None or params is None:
+                    bulk = self.statement(connection, shape, len(batch))
+                    params = [value for row in batch for value in row]
+                cursor.execute(bulk[0], params)
+
+
     def batches(
         self, items: Sequence[M], rows: list[tuple[Shape, list[Any]]]
     ) -> Iterator[tuple[Shape, Sequence[M], list[list[Any]]]]:

@@ -203,7 +203,16 @@ class PostgreSQL(Dialect):
         return f"SELECT * FROM unnest({arrays})"
 
     def bulk_params(self, rows: list[list[Any]]) -> list[Any]:
-        return [list(column) for column in zip(*rows, strict=True)]
+        return [self.array(column) for column in zip(*rows, strict=True)]
+
+    @staticmethod
+    def array(values: tuple[Any, ...]) -> Any:
+        """A column's values as one parameter: integers as the array's text, which the
+        server reads as an array of the column's type (psycopg dumps a list in Python,
+        about 1.5 µs a value, and the text costs a tenth of that); else the list."""
+        if all(type(value) is int for value in values):
+            return "{" + ",".join(map(str, values)) + "}"
+        return list(values)
 
     def pk_in(self, pk: str, size: int) -> str:
         # One array parameter, not one per item: psycopg caches the parsing of statements
@@ -213,9 +222,7 @@ class PostgreSQL(Dialect):
     def pk_params(self, pks: list[Any]) -> list[Any]:
         # Integer keys as an array's text, which the server reads as an array of the
         # column's type. psycopg dumps a list in Python, 1 µs per key; a string at once.
-        if all(type(pk) is int for pk in pks):
-            return ["{" + ",".join(map(str, pks)) + "}"]
-        return [pks]
+        return [self.array(tuple(pks))]
 
     def lease_expiry(self, now: str) -> str:
         return f"{now} + %s"

@@ -215,9 +215,9 @@ def _insert_rows(
     """The rows, one INSERT per run of rows alike but for their payload; the items in the
     order of ``rows``, with their primary keys (read back where a multi-row INSERT gives
     none: MySQL)."""
-    alike: dict[str, list[int]] = {}
+    alike: dict[Any, list[int]] = {}
     for n, values in enumerate(rows):
-        alike.setdefault(repr(sorted(values.items())), []).append(n)
+        alike.setdefault(alike_key(values), []).append(n)
     writer = inserts(model, using)
     items: list[Any] = [None] * len(rows)
     for indices in alike.values():
@@ -233,6 +233,17 @@ def _insert_rows(
         written = [items[n] for indices in alike.values() for n in indices]
         flows.read_back_pks(model, using, written)
     return items
+
+
+def alike_key(values: dict[str, Any]) -> Any:
+    """What rows alike share: their fields (built in the same order by the same code),
+    or, where one cannot be hashed (a trace context's dict), their text."""
+    key = tuple(values.items())
+    try:
+        hash(key)
+    except TypeError:
+        return repr(sorted(values.items()))
+    return key
 
 
 def unfinished_twin(
