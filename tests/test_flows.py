@@ -21,8 +21,10 @@ from django_txqueue import (
     enqueue_many,
     group,
     step,
+    store,
 )
 from django_txqueue.consumer.worker import Worker
+from django_txqueue.db.acks import waited_for
 from django_txqueue.models import QueueDependency, QueueItem
 
 from .helpers import expire
@@ -119,6 +121,61 @@ def test_a_retried_parent_is_not_finished(queue):
     assert stored(child).status == Status.WAITING
     finish(queue)
     assert stored(child).status == Status.READY
+
+
+# -- the acknowledgement that counts down (claimed waited for) --------------------------------
+
+
+def acknowledge(items, results=None):
+    """Acknowledge one claim's ``items`` together, as a consumer's batch is: counting down
+    where one was claimed waited for. How many were acknowledged."""
+    results = {i.pk: (results or {}).get(i.pk) for i in items}
+    ack = store.Ack(items[0].claim_token, results, any(waited_for(i) for i in items))
+    return store.ack_many(QueueItem, "default", ack)
+
+
+def test_one_acknowledgement_counts_down_every_parent_it_takes(queue):
+    first, second, third = (queue.enqueue({"n": n}) for n in range(3))
+    both = Queue("children").enqueue({}, after=[first, second])
+    all_three = Queue("children").enqueue({}, after=[first, second, third])
+    held = queue.claim(2, pid="me", lease=LONG)
+    assert all(waited_for(item) for item in held)  # as the claim read them
+    assert acknowledge(held, {first.pk: {"ok": 1}}) == 2
+    assert (stored(both).status, stored(both).waiting_for) == (Status.READY, 0)
+    assert (stored(all_three).status, stored(all_three).waiting_for) == (Status.WAITING, 1)
+    assert stored(first).result == {"ok": 1}
+    finish(queue)
+    assert (stored(all_three).status, stored(all_three).waiting_for) == (Status.READY, 0)
+
+
+def test_a_parent_taken_over_is_counted_by_its_new_holder_only(queue):
+    first, second = queue.enqueue({"n": 1}), queue.enqueue({"n": 2})
+    child = Queue("children").enqueue({}, after=[first, second])
+    held = queue.claim(2, pid="me", lease=LONG)
+    expire(held[1])
+    assert queue.requeue_stuck() == 1
+    [retaken] = queue.claim(1, pid="other", lease=LONG)
+    assert retaken.pk == held[1].pk
+    assert acknowledge(held) == 1  # the other's claim holds the second now
+    assert (stored(child).status, stored(child).waiting_for) == (Status.WAITING, 1)
+    assert retaken.ack() is True
+    assert (stored(child).status, stored(child).waiting_for) == (Status.READY, 0)
+    assert acknowledge(held) == 0  # again, as after a lost connection: counts nothing
+    assert stored(child).waiting_for == 0
+
+
+def test_a_parent_whose_cancellation_was_requested_cancels_its_dependents(queue):
+    parent, other = queue.enqueue({"n": 1}), queue.enqueue({"n": 2})
+    child = Queue("children").enqueue({}, after=[parent])
+    sibling = Queue("children").enqueue({}, after=[other])
+    held = queue.claim(2, pid="me", lease=LONG)
+    assert stored(parent).cancel() is True  # requested while it runs
+    assert acknowledge(held) == 2
+    assert stored(parent).status == Status.CANCELLED
+    row = stored(child)
+    assert row.status == Status.CANCELLED
+    assert row.last_error == f"item {parent.pk} it waited for ended cancelled"
+    assert stored(sibling).status == Status.READY
 
 
 # -- failures and cancellations -------------------------------------------------------------

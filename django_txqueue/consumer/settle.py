@@ -37,8 +37,11 @@ logger = logging.getLogger("django_txqueue.settle")
 
 
 def acknowledgement(token: int, group: list[Outcome]) -> store.Ack:
-    """What acknowledging one claim's successes writes: its token, and ``{pk: result}``."""
-    return store.Ack(token, {outcome.item.pk: outcome.result for outcome in group})
+    """What acknowledging one claim's successes writes: its token, ``{pk: result}``, and
+    whether one was claimed waited for (``has_dependents``, as the claim read it): its
+    acknowledgement then counts down what waits for it."""
+    results = {outcome.item.pk: outcome.result for outcome in group}
+    return store.Ack(token, results, any(outcome.item.has_dependents for outcome in group))
 
 
 class Settler:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.db import connections
 from django.db.models.sql import Query
 
@@ -24,10 +25,19 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Ack:
     """The successes of one claim: its fencing token and ``{pk: result}``. Only rows still
-    IN_PROGRESS under that token are acknowledged."""
+    IN_PROGRESS under that token are acknowledged. ``counts_down``: some of them were
+    claimed waited for (``waited_for``), so the acknowledgement counts down what waits
+    for them in its own transaction (``Dialect.ack_on``)."""
 
     claim_token: int
     results: dict[Any, Any]
+    counts_down: bool = False
+
+
+def waited_for(item: Model) -> bool:
+    """Whether ``item`` was claimed with something waiting for it (no query: a hint, as
+    old as the claim; an item waited for since is found by the acknowledgement)."""
+    return item.__dict__.get("has_dependents") is True
 
 
 class AckStatement:
@@ -40,9 +50,11 @@ class AckStatement:
         self.model = model
         self.alias = alias
         self.keeps_results = has_field(model, "result")
-        # Rows something waits for are not acknowledged here (``store.flows``).
+        # Rows something waits for are left to ``store.flows``, but those a counting
+        # acknowledgement takes (``Ack.counts_down``).
         self.in_flows = has_field(model, "has_dependents")
-        self._sql: dict[tuple[int, bool], str] = {}
+        self._sql: dict[tuple[int, bool, bool], str] = {}
+        self._count_down: dict[int, str] = {}
 
     @property
     def connection(self) -> BaseDatabaseWrapper:
@@ -52,7 +64,8 @@ class AckStatement:
         """The UPDATE acknowledging ``ack`` and its parameters, the dialect's ``pk_params``
         of its items given."""
         with_results = self.keeps_results and any(v is not None for v in ack.results.values())
-        sql = self.sql(len(ack.results), with_results)
+        counting = ack.counts_down and self.in_flows
+        sql = self.sql(len(ack.results), with_results, counting)
         params = list(self.status[1])
         if with_results:
             connection = self.connection
@@ -63,21 +76,39 @@ class AckStatement:
         params += [*pk_params, int(Status.IN_PROGRESS), ack.claim_token]
         return sql, [*params, False] if self.in_flows else params
 
-    def sql(self, size: int, with_results: bool) -> str:
-        key = (size, with_results)
+    def sql(self, size: int, with_results: bool, counting: bool = False) -> str:
+        key = (size, with_results, counting)
         if key not in self._sql:
             connection = self.connection
             names = ["pk", "status", "lease_expires_at", "claim_token"]
             if self.keeps_results:
                 names += ["result", "finished_at"]
             if self.in_flows:
-                names.append("has_dependents")
+                names += ["has_dependents", "cancel_requested_at"]
             columns = {name: quoted_column(connection, self.model, name) for name in names}
             table = connection.ops.quote_name(self.model._meta.db_table)
             self._sql[key] = dialect(connection).ack_update(
-                table, columns, self.status[0], now_sql(connection), size, with_results
+                table, columns, self.status[0], now_sql(connection), size, with_results, counting
             )
         return self._sql[key]
+
+    def count_down(self, pk_params: list[Any], size: int) -> tuple[str, list[Any]]:
+        """The UPDATE that counts down, once per edge, the WAITING items that wait for the
+        ``size`` items just acknowledged DONE (the dialect's ``pk_params`` of them),
+        READY at zero; and its parameters (``Dialect.count_down_update``)."""
+        if size not in self._count_down:
+            connection = self.connection
+            edge = apps.get_model(self.model._meta.app_label, "QueueDependency")
+            names = ["pk", "status", "waiting_for", "queue"]
+            columns = {name: quoted_column(connection, self.model, name) for name in names}
+            columns["edge_item"] = quoted_column(connection, edge, "item")
+            columns["edge_parent"] = quoted_column(connection, edge, "parent")
+            quote = connection.ops.quote_name
+            self._count_down[size] = dialect(connection).count_down_update(
+                quote(self.model._meta.db_table), quote(edge._meta.db_table), columns, size
+            )
+        ready, waiting = int(Status.READY), int(Status.WAITING)
+        return self._count_down[size], [*pk_params, ready, *pk_params, waiting, *pk_params]
 
     @cached_property
     def status(self) -> tuple[str, list[Any]]:

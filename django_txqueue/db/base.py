@@ -49,6 +49,12 @@ class Listener(Protocol):
     def close(self) -> None: ...
 
 
+class Uncounted(Exception):
+    """A counting acknowledgement met a row it may not take (its claim was taken over,
+    or something waits for it and its cancellation was requested): it was rolled back,
+    and the acknowledgement is left to the plain statement and ``store.flows``."""
+
+
 class Dialect:
     vendor: ClassVar[str]
     # Producers wake consumers through the database itself (PostgreSQL's NOTIFY), so the
@@ -114,10 +120,36 @@ class Dialect:
         raise NotSupportedError(f"{self.vendor} runs acknowledgements on their own")
 
     def acknowledge(self, statement: AckStatement, ack: Ack) -> int:
-        """Run ``statement`` for ``ack``: how many rows it acknowledged."""
-        with self.hot_cursor(connections[statement.alias]) as cursor:
-            cursor.execute(*statement.bind(ack, self.pk_params(list(ack.results))))
+        """Run ``statement`` for ``ack``: how many rows it acknowledged. One that counts
+        down runs in a transaction of its own (``Uncounted``, nothing written, if it may
+        not take every item)."""
+        connection = connections[statement.alias]
+        if ack.counts_down:
+            with self.short_transaction(connection) as cursor:
+                return self.ack_on(cursor, statement, ack)
+        with self.hot_cursor(connection) as cursor:
+            return self.ack_on(cursor, statement, ack)
+
+    def ack_on(self, cursor: Any, statement: AckStatement, ack: Ack) -> int:
+        """Acknowledge ``ack``'s items on ``cursor``, in the caller's transaction; one
+        that counts down (``Ack.counts_down``) then counts down what waits for them, in a
+        second statement, begun once the first holds the rows: it reads every edge a
+        producer added to them before. That one raises ``Uncounted`` (the transaction to
+        be rolled back) unless it took every item: only then are the items it counts for
+        known to be those it took, DONE."""
+        pks = self.pk_params(list(ack.results))
+        cursor.execute(*statement.bind(ack, pks))
+        if not ack.counts_down:
             return int(cursor.rowcount)
+        if cursor.rowcount < len(ack.results):
+            raise Uncounted
+        cursor.execute(*statement.count_down(pks, len(ack.results)))
+        self.released(cursor)
+        return len(ack.results)
+
+    def released(self, cursor: Any) -> None:
+        """After a count-down on ``cursor``: tell the consumers of the queues of the
+        items it made READY, where the database announces work (``announce``)."""
 
     @contextmanager
     def short_transaction(self, connection: BaseDatabaseWrapper) -> Iterator[Any]:
@@ -320,14 +352,23 @@ class Dialect:
         return pks
 
     def ack_update(
-        self, table: str, columns: dict[str, str], status: str, now: str, size: int, results: bool
+        self,
+        table: str,
+        columns: dict[str, str],
+        status: str,
+        now: str,
+        size: int,
+        results: bool,
+        counting: bool = False,
     ) -> str:
         """The fenced acknowledgement's UPDATE (``acks.AckStatement``).
 
         Parameters: ``status``'s, then (pk, result) pairs when ``results``, then
         ``pk_params`` of the pks, then IN_PROGRESS and the claim token: only rows still held
-        by that claim change; then false where the model has ``has_dependents`` (the rows
-        something waits for are left to ``store.flows``). ``columns`` maps field names to
+        by that claim change; then false where the model has ``has_dependents``: the rows
+        something waits for are left to ``store.flows``, or, ``counting``, only those whose
+        cancellation was requested (``ack_counting`` counts down for the others).
+        ``columns`` maps field names to
         quoted columns; a model without ``result`` and ``finished_at`` (a plain QueueModel)
         has neither set.
         """
@@ -337,9 +378,30 @@ class Dialect:
             assignments += [f"{columns['result']} = {result}", f"{columns['finished_at']} = {now}"]
         assignments.append(f"{columns['lease_expires_at']} = NULL")
         waited_for = columns.get("has_dependents")
+        if waited_for and counting:
+            waited_for = f"({waited_for} = %s OR {columns['cancel_requested_at']} IS NULL)"
+        elif waited_for:
+            waited_for = f"{waited_for} = %s"
         return (
             f"UPDATE {table} SET {', '.join(assignments)} "
             f"WHERE {self.pk_in(pk, size)} "
             f"AND {columns['status']} = %s AND {columns['claim_token']} = %s"
-            + (f" AND {waited_for} = %s" if waited_for else "")
+            + (f" AND {waited_for}" if waited_for else "")
+        )
+
+    def count_down_update(self, items: str, edges: str, columns: dict[str, str], size: int) -> str:
+        """``AckStatement.count_down``'s UPDATE: each WAITING item with edges to the
+        ``size`` items acknowledged counts down by their number, READY at zero.
+        Parameters: ``pk_params`` of those items, READY, the pks again, WAITING, the pks
+        again. ``status`` is assigned first: MySQL assigns left to right, and reads
+        ``waiting_for`` there."""
+        pk, status, waiting = columns["pk"], columns["status"], columns["waiting_for"]
+        item, parent = columns["edge_item"], columns["edge_parent"]
+        edges_to = f"{edges}.{item} = {items}.{pk} AND {self.pk_in(f'{edges}.{parent}', size)}"
+        counted = f"(SELECT COUNT(*) FROM {edges} WHERE {edges_to})"
+        return (
+            f"UPDATE {items} SET {status} = CASE WHEN {waiting} <= {counted} THEN %s "
+            f"ELSE {status} END, {waiting} = {waiting} - {counted} "
+            f"WHERE {status} = %s "
+            f"AND {pk} IN (SELECT {item} FROM {edges} WHERE {self.pk_in(parent, size)})"
         )

@@ -168,7 +168,6 @@ class Inserts(Generic[M]):
                     params = [value for row in batch for value in row]
                 cursor.execute(bulk[0], params)
 
-
     def batches(
         self, items: Sequence[M], rows: list[tuple[Shape, list[Any]]]
     ) -> Iterator[tuple[Shape, Sequence[M], list[list[Any]]]]:

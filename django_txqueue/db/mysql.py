@@ -79,12 +79,13 @@ class MySQL(Dialect):
         """The acknowledgement ``ack`` first in the skip_locked claim's transaction: one
         commit (one log flush) per batch instead of two. It changes only rows its claim
         holds and the claim never waits (SKIP LOCKED), so no lock cycle can form."""
-        return self._claim_skip_locked(
-            claim, values, statement.bind(ack, self.pk_params(list(ack.results)))
-        )
+        return self._claim_skip_locked(claim, values, (statement, ack))
 
     def _claim_skip_locked(
-        self, claim: ClaimStatement, values: ClaimValues, ack: tuple[str, list[Any]] | None
+        self,
+        claim: ClaimStatement,
+        values: ClaimValues,
+        ack: tuple[AckStatement, Ack] | None,
     ) -> tuple[int, list[Any]]:
         """Under READ COMMITTED a locking read costs about 30 us more per row when it reads
         whole rows than when it reads the READY index alone, which holds the primary key.
@@ -104,8 +105,7 @@ class MySQL(Dialect):
         claimed_by, acknowledged = (values.pid, values.token), 0
         with self.short_transaction(connection) as cursor:
             if ack is not None:
-                cursor.execute(*ack)
-                acknowledged = cursor.rowcount
+                acknowledged = self.ack_on(cursor, *ack)
             cursor.execute(claim.sql[key], params)
             if whole_rows:
                 rows = claim.rows.load(cursor.fetchall(), claimed_by=claimed_by)

@@ -93,6 +93,14 @@ class PostgreSQL(Dialect):
         it (one snapshot) and hold their keys back."""
         if claim.reads_other_rows:
             return self.acknowledge(statement, ack), self.claim_skip_locked(claim, values)
+        if ack.counts_down:
+            # Its count-down must read the edges after the acknowledgement holds the rows
+            # (``ack_on``): a statement of its own, where one would read them as they were
+            # before it waited for a producer adding one. The claim then sees what it
+            # released.
+            with self.short_transaction(connections[claim.alias]) as cursor:
+                acked = self.ack_on(cursor, statement, ack)
+                return acked, self.claim_skip_locked(claim, values)
         ack_sql, ack_params = statement.bind(ack, self.pk_params(list(ack.results)))
         claim_sql, claim_params = self._claim_statement(claim, values, "FOR UPDATE SKIP LOCKED")
         sql = (
@@ -167,6 +175,15 @@ class PostgreSQL(Dialect):
                 cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [key])
                 taken = bool(cursor.fetchone()[0])
             yield taken
+
+    def count_down_update(self, items: str, edges: str, columns: dict[str, str], size: int) -> str:
+        # The queues of the items made READY, for ``released``.
+        ready = f"CASE WHEN {columns['status']} = {int(Status.READY)} THEN {columns['queue']} END"
+        return f"{super().count_down_update(items, edges, columns, size)} RETURNING {ready}"
+
+    def released(self, cursor: Any) -> None:
+        for queue in sorted({queue for (queue,) in cursor.fetchall() if queue is not None}):
+            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, queue])
 
     def announce(self, connection: BaseDatabaseWrapper, queue: str) -> None:
         with connection.cursor() as cursor:

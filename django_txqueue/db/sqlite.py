@@ -57,8 +57,7 @@ class SQLite(Dialect):
     ) -> tuple[int, list[Any]]:
         """The acknowledgement ``ack`` and the claim in one transaction."""
         with self.short_transaction(connections[claim.alias]) as cursor:
-            cursor.execute(*statement.bind(ack, self.pk_params(list(ack.results))))
-            return int(cursor.rowcount), self.claim_update_limit(claim, values)
+            return self.ack_on(cursor, statement, ack), self.claim_update_limit(claim, values)
 
     @contextmanager
     def try_lock(self, connection: BaseDatabaseWrapper, name: str) -> Iterator[bool]:

@@ -6,6 +6,7 @@ decided in the statement itself).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,8 @@ from django.db.models.functions import Now
 
 from .. import conf
 from ..db import dialect
-from ..db.acks import Ack, ack_statement
+from ..db.acks import Ack, ack_statement, waited_for
+from ..db.base import Uncounted
 from ..db.rows import has_field
 from ..status import Status, settled_as
 from ..validation import check_json, to_timedelta
@@ -40,7 +42,7 @@ def ack(item: QueueModel, result: Any = None) -> bool:
     if item.claim_token is None or item.status != Status.IN_PROGRESS:
         return False
     alias = item._state.db or "default"
-    if not ack_many(type(item), alias, Ack(item.claim_token, {item.pk: result})):
+    if not ack_many(type(item), alias, Ack(item.claim_token, {item.pk: result}, waited_for(item))):
         return False
     mark_done(item, result)
     return True
@@ -70,7 +72,11 @@ def ack_many(model: type[Model], alias: str, ack: Ack) -> int:
     # fenced, it is safe to run again.
     vendor = dialect(connections[alias])
     statement = ack_statement(model, alias)
-    acknowledged = retrying_conflicts(vendor.acknowledge, alias, statement, ack)
+    try:
+        acknowledged = retrying_conflicts(vendor.acknowledge, alias, statement, ack)
+    except Uncounted:  # rolled back: the plain statement, and flows' for the rest
+        ack = replace(ack, counts_down=False)
+        acknowledged = retrying_conflicts(vendor.acknowledge, alias, statement, ack)
     return acknowledged + ack_waited_for(model, alias, ack, acknowledged)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from django.dispatch import receiver
 from .. import conf
 from ..db import dialect, dialect_for
 from ..db.acks import Ack, ack_statement
+from ..db.base import Uncounted
 from ..db.compiler import ClaimStatement, ClaimValues
 from ..validation import to_timedelta, validate_pid
 from .acks import ack_many, ack_waited_for
@@ -134,6 +136,9 @@ def ack_and_claim(
             raise
         # The claim kept losing races, and took the acknowledgement down with it.
         return ack_many(statement.model, statement.alias, ack), []
+    except Uncounted:  # rolled back, claim and all: acknowledged alone, then a claim
+        acked = ack_many(statement.model, statement.alias, replace(ack, counts_down=False))
+        return acked, claim(statement, pid=pid, strategy=resolved, lease=lease, after=after)
     waited_for = ack_waited_for(statement.model, statement.alias, ack, acked)
     if waited_for and not items:
         # Acknowledging items that others wait for may have released some (a flow's next
