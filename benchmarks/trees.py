@@ -5,10 +5,11 @@
 
 Each round drains ITEMS no-op items (default 20,000, batch 10) with one in-process burst
 ``Worker`` in a fresh interpreter run from each tree (its own ``django_txqueue``), the
-order alternating round by round, on the database ``TXQUEUE_TEST_DB`` names (its own,
-``txqueue_bench_cpu``; ``STRATEGY`` picks the claim strategy). Prints each tree's median
-rate and CPU per item of the consumer's process, and every round's rate. Both trees must
-have ``benchmarks/database.py`` and the same migrations.
+order alternating round by round, on the database ``TXQUEUE_TEST_DB`` names (each tree
+its own, ``txqueue_bench_cpu_before`` and ``_after``: their migrations may differ;
+``STRATEGY`` picks the claim strategy). Prints each tree's median rate and CPU per item of
+the consumer's process, and every round's rate. Both trees must have
+``benchmarks/database.py``.
 
 With ``enqueue``, each round makes ITEMS (default 2,000) ``enqueue()`` calls in autocommit
 instead, one item each, after 200 to warm up, and prints the rate and the CPU per call.
@@ -26,7 +27,7 @@ SETUP = r"""
 import os, sys, time
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 from benchmarks.database import prepare_database
-prepare_database(os.environ["TXQUEUE_TEST_DB"], "txqueue_bench_cpu")
+prepare_database(os.environ["TXQUEUE_TEST_DB"], os.environ["TXQUEUE_BENCH_NAME"])
 from django_txqueue import Queue
 from django_txqueue.models import QueueItem
 """
@@ -71,9 +72,10 @@ QueueItem.objects.all().delete()
 )
 
 
-def run(tree: str, code: str, *args: int) -> tuple[float, float]:
-    """The rate and the CPU per item that ``code`` prints, run from ``tree``."""
-    env = dict(os.environ, PYTHONPATH=tree)
+def run(name: str, tree: str, code: str, *args: int) -> tuple[float, float]:
+    """The rate and the CPU per item that ``code`` prints, run from ``tree`` on a database
+    of its own (``txqueue_bench_cpu_`` and ``name``): the trees' migrations may differ."""
+    env = dict(os.environ, PYTHONPATH=tree, TXQUEUE_BENCH_NAME=f"txqueue_bench_cpu_{name}")
     env.setdefault("TXQUEUE_TEST_DB", "postgresql")
     done = subprocess.run(
         [sys.executable, "-c", code, *map(str, args)],
@@ -101,7 +103,7 @@ def main() -> None:
     for round_ in range(rounds):
         order = [("before", before), ("after", after)]
         for name, tree in order if round_ % 2 == 0 else reversed(order):
-            found[name].append(run(tree, code, *args))
+            found[name].append(run(name, tree, code, *args))
     print(f"{what}, {rounds} rounds, load {os.getloadavg()[0]:.2f}")
     for name, runs in found.items():
         rate = statistics.median(r for r, _ in runs)

@@ -429,8 +429,11 @@ class QueueItem(QueueModel):
     # one of them failed or cancelled cancels it, unless it ``runs_after_failure``.
     waiting_for = models.PositiveIntegerField(default=0, db_default=0, editable=False)
     runs_after_failure = models.BooleanField(default=False, db_default=False, editable=False)
-    # Some item waits for this one: its end releases or cancels them (``store.flows``).
-    has_dependents = models.BooleanField(default=False, db_default=False, editable=False)
+    # How many items were enqueued to wait for this one (its edges from them): its end
+    # releases or cancels them (``store.flows``); 0 for an item outside any flow, whose
+    # acknowledgement is plain. Only grows: a producer that adds one changes it, so an
+    # acknowledgement that finds it as its claim read it knows every edge to the row.
+    dependent_count = models.PositiveIntegerField(default=0, db_default=0, editable=False)
     # The items enqueued together with ``after=`` share one.
     flow = models.UUIDField(null=True, blank=True, editable=False)
 
@@ -525,8 +528,14 @@ class QueueDependency(models.Model):
     (a cascade would make Django look for edges of every item it purges), and deletes the
     edges of the flow items it removes itself (``store.upkeep``)."""
 
+    # No index of its own: the unique constraint's (item, parent) index serves lookups by
+    # item, and one index fewer makes a big group's edges a third cheaper to write.
     item = models.ForeignKey(
-        QueueItem, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+        QueueItem,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
     )
     parent = models.ForeignKey(
         QueueItem, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"

@@ -5,10 +5,12 @@ cancellation cancels what waits for it (transitively), unless it runs after a fa
 import datetime as dt
 import io
 import json
+import threading
+import time
 
 import pytest
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connections, transaction
 from django.urls import reverse
 
 from django_txqueue import (
@@ -24,7 +26,7 @@ from django_txqueue import (
     store,
 )
 from django_txqueue.consumer.worker import Worker
-from django_txqueue.db.acks import waited_for
+from django_txqueue.db.acks import claimed_dependents
 from django_txqueue.models import QueueDependency, QueueItem
 
 from .helpers import expire
@@ -89,7 +91,7 @@ def test_an_item_claimed_before_something_waits_for_it_still_releases_it(queue):
     parent = queue.enqueue({})
     held = claim_one(queue)
     child = Queue("children").enqueue({}, after=[parent])
-    assert held.has_dependents is False  # as the holder read it
+    assert held.dependent_count == 0  # as the holder read it
     assert held.ack({"ok": 1}) is True
     row = stored(parent)
     assert (row.status, row.result) == (Status.DONE, {"ok": 1})
@@ -130,7 +132,7 @@ def acknowledge(items, results=None):
     """Acknowledge one claim's ``items`` together, as a consumer's batch is: counting down
     where one was claimed waited for. How many were acknowledged."""
     results = {i.pk: (results or {}).get(i.pk) for i in items}
-    ack = store.Ack(items[0].claim_token, results, any(waited_for(i) for i in items))
+    ack = store.Ack(items[0].claim_token, results, claimed_dependents(items))
     return store.ack_many(QueueItem, "default", ack)
 
 
@@ -139,7 +141,7 @@ def test_one_acknowledgement_counts_down_every_parent_it_takes(queue):
     both = Queue("children").enqueue({}, after=[first, second])
     all_three = Queue("children").enqueue({}, after=[first, second, third])
     held = queue.claim(2, pid="me", lease=LONG)
-    assert all(waited_for(item) for item in held)  # as the claim read them
+    assert claimed_dependents(held) == {first.pk: 2, second.pk: 2}  # as the claim read them
     assert acknowledge(held, {first.pk: {"ok": 1}}) == 2
     assert (stored(both).status, stored(both).waiting_for) == (Status.READY, 0)
     assert (stored(all_three).status, stored(all_three).waiting_for) == (Status.WAITING, 1)
@@ -176,6 +178,38 @@ def test_a_parent_whose_cancellation_was_requested_cancels_its_dependents(queue)
     assert row.status == Status.CANCELLED
     assert row.last_error == f"item {parent.pk} it waited for ended cancelled"
     assert stored(sibling).status == Status.READY
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_item_added_while_the_acknowledgement_waits_for_its_producer_is_released(queue):
+    """The producer holds the running parent's row while it adds a waiting item; the
+    acknowledgement that waited for it must count that item down too (on PostgreSQL one
+    statement, whose snapshot began before the producer's commit)."""
+    parent = queue.enqueue({})
+    first = Queue("children").enqueue({}, after=[parent])
+    [held] = queue.claim(1, pid="me", lease=LONG)
+    assert held.dependent_count == 1
+    attached, committed = threading.Event(), []
+
+    def produce():
+        try:
+            with transaction.atomic():
+                committed.append(Queue("children").enqueue({}, after=[parent]))
+                attached.set()
+                time.sleep(0.5)  # the acknowledgement now waits for this transaction
+        finally:
+            attached.set()
+            connections.close_all()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    assert attached.wait(10)
+    acknowledged = acknowledge([held])  # blocks until the producer commits
+    producer.join(10)
+    [second] = committed
+    assert acknowledged == 1
+    assert stored(parent).dependent_count == 2
+    assert [stored(c).status for c in (first, second)] == [Status.READY, Status.READY]
 
 
 # -- failures and cancellations -------------------------------------------------------------
@@ -478,6 +512,8 @@ def test_builders_refuse_bad_input_before_writing(db):
     twice = step("a")
     with pytest.raises(ValueError, match="appears twice"):
         chain(twice, twice).enqueue()
+    with pytest.raises(TypeError, match="payload for queue 'b': Object of type set"):
+        chain(step("a", {"n": 1}), step("b", {"tags": {"x"}})).enqueue()
     assert QueueItem.objects.count() == 0
 
 

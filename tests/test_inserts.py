@@ -10,7 +10,7 @@ from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_txqueue import Status
+from django_txqueue import Status, group, step
 from django_txqueue.db.inserts import inserts
 from django_txqueue.models import QueueItem
 from tests.testapp.models import Thing
@@ -128,6 +128,19 @@ class TestManyItems:
         (insert,) = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
         assert "JSON_TABLE(" in insert and ") VALUES (" not in insert
         assert queue.items.filter(key="k").count() == 500
+
+    @pytest.mark.requires("json_bulk_rows")
+    def test_a_flows_steps_and_edges_go_as_one_json_parameter_each(self, queue):
+        """The flow's id is a UUID (MariaDB's native uuid column), sent as its text."""
+        steps = [step(queue.name, {"n": n}) for n in range(200)]
+        with CaptureQueriesContext(connection) as queries:
+            flow = group(*steps, then=step(queue.name, {"then": True})).enqueue()
+        inserts_sent = [
+            q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")
+        ]
+        many = [sql for sql in inserts_sent if "JSON_TABLE(" in sql]
+        assert len(many) == 2 and all(") VALUES (" not in sql for sql in many)  # steps, edges
+        assert queue.items.filter(flow=flow.id).count() == 201
 
     @pytest.mark.requires("json_bulk_rows")
     def test_values_json_cannot_carry_go_as_values_rows(self):

@@ -9,8 +9,10 @@ import sys
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.loader import MigrationLoader
 
+from django_txqueue.models import QueueItem
 from tests.helpers import ROOT
 
 # Run in a child process with tests.core_settings: Django makes a fresh test database of
@@ -77,3 +79,30 @@ def test_a_project_with_the_queue_app_alone_gets_no_tool_table():
     assert [table for table in tables if "chaos" in table] == []
     # Every table belongs to an installed model: none left behind by a tool.
     assert tables - {"django_migrations"} <= set(found["owned"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0016_gives_each_item_flagged_as_waited_for_the_number_of_its_edges():
+    flagged, latest = ("django_txqueue", "0015_flows"), ("django_txqueue", "0016_dependent_count")
+    executor = MigrationExecutor(connection)
+    executor.migrate([flagged])
+    try:
+        old = executor.loader.project_state([flagged]).apps
+        items = old.get_model("django_txqueue", "QueueItem")
+        edges = old.get_model("django_txqueue", "QueueDependency")
+        parent = items.objects.create(queue="q", payload={}, has_dependents=True)
+        plain = items.objects.create(queue="q", payload={})
+        for _ in range(2):
+            child = items.objects.create(queue="q", payload={}, status=6, waiting_for=1)
+            edges.objects.create(item_id=child.pk, parent_id=parent.pk)
+        executor = MigrationExecutor(connection)  # the graph as the database has it now
+        executor.migrate([latest])
+        counts = dict(
+            QueueItem.objects.filter(pk__in=[parent.pk, plain.pk]).values_list(
+                "pk", "dependent_count"
+            )
+        )
+        assert counts == {parent.pk: 2, plain.pk: 0}
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())

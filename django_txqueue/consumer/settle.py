@@ -38,10 +38,11 @@ logger = logging.getLogger("django_txqueue.settle")
 
 def acknowledgement(token: int, group: list[Outcome]) -> store.Ack:
     """What acknowledging one claim's successes writes: its token, ``{pk: result}``, and
-    whether one was claimed waited for (``has_dependents``, as the claim read it): its
+    the items' ``dependent_count`` as the claim read them, where one is waited for: its
     acknowledgement then counts down what waits for it."""
     results = {outcome.item.pk: outcome.result for outcome in group}
-    return store.Ack(token, results, any(outcome.item.has_dependents for outcome in group))
+    dependents = {outcome.item.pk: outcome.item.dependent_count for outcome in group}
+    return store.Ack(token, results, dependents if any(dependents.values()) else None)
 
 
 class Settler:

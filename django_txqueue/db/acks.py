@@ -18,6 +18,8 @@ from . import dialect
 from .rows import has_field, now_sql, quoted_column
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import Model
 
@@ -25,19 +27,24 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Ack:
     """The successes of one claim: its fencing token and ``{pk: result}``. Only rows still
-    IN_PROGRESS under that token are acknowledged. ``counts_down``: some of them were
-    claimed waited for (``waited_for``), so the acknowledgement counts down what waits
-    for them in its own transaction (``Dialect.ack_on``)."""
+    IN_PROGRESS under that token are acknowledged.
+
+    ``dependents``, where one of them was claimed waited for: each item's
+    ``dependent_count`` as its claim read it (``claimed_dependents``). The
+    acknowledgement then counts down what waits for them, in its own transaction, and
+    takes only the rows whose count has not changed since: for those, it knows every
+    edge (``Dialect.ack_on``)."""
 
     claim_token: int
     results: dict[Any, Any]
-    counts_down: bool = False
+    dependents: dict[Any, int] | None = None
 
 
-def waited_for(item: Model) -> bool:
-    """Whether ``item`` was claimed with something waiting for it (no query: a hint, as
-    old as the claim; an item waited for since is found by the acknowledgement)."""
-    return item.__dict__.get("has_dependents") is True
+def claimed_dependents(items: Iterable[Model]) -> dict[Any, int] | None:
+    """``Ack.dependents`` of one claim's ``items``, as their claim read them (no query);
+    None where nothing waits for any of them, or the model has no flows."""
+    counts = {item.pk: item.__dict__.get("dependent_count", 0) for item in items}
+    return counts if any(counts.values()) else None
 
 
 class AckStatement:
@@ -51,8 +58,8 @@ class AckStatement:
         self.alias = alias
         self.keeps_results = has_field(model, "result")
         # Rows something waits for are left to ``store.flows``, but those a counting
-        # acknowledgement takes (``Ack.counts_down``).
-        self.in_flows = has_field(model, "has_dependents")
+        # acknowledgement takes (``Ack.dependents``).
+        self.in_flows = has_field(model, "dependent_count")
         self._sql: dict[tuple[int, bool, bool], str] = {}
         self._count_down: dict[int, str] = {}
 
@@ -64,7 +71,7 @@ class AckStatement:
         """The UPDATE acknowledging ``ack`` and its parameters, the dialect's ``pk_params``
         of its items given."""
         with_results = self.keeps_results and any(v is not None for v in ack.results.values())
-        counting = ack.counts_down and self.in_flows
+        counting = bool(ack.dependents) and self.in_flows
         sql = self.sql(len(ack.results), with_results, counting)
         params = list(self.status[1])
         if with_results:
@@ -74,7 +81,10 @@ class AckStatement:
                 params += [pk, field.get_db_prep_save(value, connection)]
         # Plain ints: mysqlclient would quote a Status member as a string.
         params += [*pk_params, int(Status.IN_PROGRESS), ack.claim_token]
-        return sql, [*params, False] if self.in_flows else params
+        if counting and ack.dependents is not None:
+            for pk, count in ack.dependents.items():
+                params += [pk, count]
+        return sql, params
 
     def sql(self, size: int, with_results: bool, counting: bool = False) -> str:
         key = (size, with_results, counting)
@@ -84,7 +94,7 @@ class AckStatement:
             if self.keeps_results:
                 names += ["result", "finished_at"]
             if self.in_flows:
-                names += ["has_dependents", "cancel_requested_at"]
+                names += ["dependent_count", "cancel_requested_at"]
             columns = {name: quoted_column(connection, self.model, name) for name in names}
             table = connection.ops.quote_name(self.model._meta.db_table)
             self._sql[key] = dialect(connection).ack_update(
@@ -95,7 +105,8 @@ class AckStatement:
     def count_down(self, pk_params: list[Any], size: int) -> tuple[str, list[Any]]:
         """The UPDATE that counts down, once per edge, the WAITING items that wait for the
         ``size`` items just acknowledged DONE (the dialect's ``pk_params`` of them),
-        READY at zero; and its parameters (``Dialect.count_down_update``)."""
+        READY at zero, and its parameters (``Dialect.count_down_update``: on PostgreSQL,
+        CTEs that follow the acknowledgement's in its statement)."""
         if size not in self._count_down:
             connection = self.connection
             edge = apps.get_model(self.model._meta.app_label, "QueueDependency")
@@ -107,8 +118,11 @@ class AckStatement:
             self._count_down[size] = dialect(connection).count_down_update(
                 quote(self.model._meta.db_table), quote(edge._meta.db_table), columns, size
             )
-        ready, waiting = int(Status.READY), int(Status.WAITING)
-        return self._count_down[size], [*pk_params, ready, *pk_params, waiting, *pk_params]
+        return self._count_down[size], dialect(self.connection).count_down_params(pk_params)
+
+    @cached_property
+    def pk_column(self) -> str:
+        return quoted_column(self.connection, self.model, "pk")
 
     @cached_property
     def status(self) -> tuple[str, list[Any]]:

@@ -124,7 +124,7 @@ class Dialect:
         down runs in a transaction of its own (``Uncounted``, nothing written, if it may
         not take every item)."""
         connection = connections[statement.alias]
-        if ack.counts_down:
+        if ack.dependents:
             with self.short_transaction(connection) as cursor:
                 return self.ack_on(cursor, statement, ack)
         with self.hot_cursor(connection) as cursor:
@@ -132,24 +132,19 @@ class Dialect:
 
     def ack_on(self, cursor: Any, statement: AckStatement, ack: Ack) -> int:
         """Acknowledge ``ack``'s items on ``cursor``, in the caller's transaction; one
-        that counts down (``Ack.counts_down``) then counts down what waits for them, in a
+        that counts down (``Ack.dependents`` given) then counts down what waits for them, in a
         second statement, begun once the first holds the rows: it reads every edge a
         producer added to them before. That one raises ``Uncounted`` (the transaction to
         be rolled back) unless it took every item: only then are the items it counts for
         known to be those it took, DONE."""
         pks = self.pk_params(list(ack.results))
         cursor.execute(*statement.bind(ack, pks))
-        if not ack.counts_down:
+        if not ack.dependents:
             return int(cursor.rowcount)
         if cursor.rowcount < len(ack.results):
             raise Uncounted
         cursor.execute(*statement.count_down(pks, len(ack.results)))
-        self.released(cursor)
         return len(ack.results)
-
-    def released(self, cursor: Any) -> None:
-        """After a count-down on ``cursor``: tell the consumers of the queues of the
-        items it made READY, where the database announces work (``announce``)."""
 
     @contextmanager
     def short_transaction(self, connection: BaseDatabaseWrapper) -> Iterator[Any]:
@@ -365,29 +360,38 @@ class Dialect:
 
         Parameters: ``status``'s, then (pk, result) pairs when ``results``, then
         ``pk_params`` of the pks, then IN_PROGRESS and the claim token: only rows still held
-        by that claim change; then false where the model has ``has_dependents``: the rows
-        something waits for are left to ``store.flows``, or, ``counting``, only those whose
-        cancellation was requested (``ack_counting`` counts down for the others).
-        ``columns`` maps field names to
-        quoted columns; a model without ``result`` and ``finished_at`` (a plain QueueModel)
-        has neither set.
+        by that claim change. Where the model has ``dependent_count``, the rows something
+        waits for are left to ``store.flows``; ``counting``, only those whose count
+        changed since the claim (bound as (pk, count) pairs, last) or whose cancellation
+        was requested: ``ack_on`` counts down for the others. ``columns`` maps field names
+        to quoted columns; a model without ``result`` and ``finished_at`` (a plain
+        QueueModel) has neither set.
         """
         pk, assignments = columns["pk"], [f"{columns['status']} = {status}"]
         if "result" in columns:
             result = "CASE " + f"WHEN {pk} = %s THEN %s " * size + "END" if results else "NULL"
             assignments += [f"{columns['result']} = {result}", f"{columns['finished_at']} = {now}"]
         assignments.append(f"{columns['lease_expires_at']} = NULL")
-        waited_for = columns.get("has_dependents")
+        waited_for = columns.get("dependent_count")
         if waited_for and counting:
-            waited_for = f"({waited_for} = %s OR {columns['cancel_requested_at']} IS NULL)"
+            claimed = f"CASE {pk} " + "WHEN %s THEN %s " * size + "END"
+            waited_for = (
+                f"{waited_for} = {claimed} "
+                f"AND ({waited_for} = 0 OR {columns['cancel_requested_at']} IS NULL)"
+            )
         elif waited_for:
-            waited_for = f"{waited_for} = %s"
+            waited_for = f"{waited_for} = 0"
         return (
             f"UPDATE {table} SET {', '.join(assignments)} "
             f"WHERE {self.pk_in(pk, size)} "
             f"AND {columns['status']} = %s AND {columns['claim_token']} = %s"
             + (f" AND {waited_for}" if waited_for else "")
         )
+
+    def count_down_params(self, pk_params: list[Any]) -> list[Any]:
+        """``count_down_update``'s parameters, ``pk_params`` of the items acknowledged."""
+        ready, waiting = int(Status.READY), int(Status.WAITING)
+        return [*pk_params, ready, *pk_params, waiting, *pk_params]
 
     def count_down_update(self, items: str, edges: str, columns: dict[str, str], size: int) -> str:
         """``AckStatement.count_down``'s UPDATE: each WAITING item with edges to the

@@ -150,10 +150,14 @@ class Inserts(Generic[M]):
 
     def insert_values(self, names: Sequence[str], rows: list[list[Any]]) -> None:
         """Insert ``rows``, each the plain values (ints, strings) of the columns ``names``,
-        all or none, with no instance to give a primary key: rows nothing reads back (a
-        flow's edges), without a model instance built and converted per row."""
+        all or none, returning nothing: rows nothing reads back (a flow's edges), without
+        a model instance built and converted per row."""
         connection = self.connection
         shape: Shape = tuple((name, None) for name in names)
+        into, row, _ = self.parts(connection, shape, 2)
+        fields = [self.fields[name] for name in names]
+        types = [field.db_type(connection) or "" for field in fields]
+        source = self.dialect.bulk_rows(connection, types)
         size = self.batch_size(shape)
         with (
             transaction.atomic(using=self.alias, savepoint=False),
@@ -161,12 +165,12 @@ class Inserts(Generic[M]):
         ):
             for start in range(0, len(rows), size):
                 batch = rows[start : start + size]
-                bulk = self.bulk_statement(connection, shape) if len(batch) > 1 else None
-                params = self.bulk_params(connection, batch) if bulk is not None else None
-                if bulk is None or params is None:
-                    bulk = self.statement(connection, shape, len(batch))
-                    params = [value for row in batch for value in row]
-                cursor.execute(bulk[0], params)
+                params = self.bulk_params(connection, batch) if source is not None else None
+                if source is not None and params is not None:
+                    cursor.execute(into + source, params)
+                else:
+                    values = ", ".join([row] * len(batch))
+                    cursor.execute(f"{into}VALUES {values}", [v for r in batch for v in r])
 
     def batches(
         self, items: Sequence[M], rows: list[tuple[Shape, list[Any]]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,15 @@ HISTORY_LENGTH = re.compile(r"History list length (\d+)")
 # ER_CLIENT_INTERACTION_TIMEOUT, and ER_UNKNOWN_COM_ERROR, which a Galera node not
 # ready (not in the primary component) answers every statement with.
 DISCONNECT_ERRORS = {2002, 2003, 2006, 2013, 2055, 1053, 1927, 4031, 1047}
+
+
+def uuid_text(value: Any) -> str:
+    """A UUID as JSON carries it, its text, which MariaDB's native ``uuid`` column (Django
+    uses it from MariaDB 10.7) reads back (a flow's id); other values JSON cannot carry
+    raise TypeError, and their rows go as VALUES."""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 class MySQL(Dialect):
@@ -199,7 +209,7 @@ class MySQL(Dialect):
         )
 
     def bulk_params(self, rows: list[list[Any]]) -> list[Any]:
-        return [json.dumps(rows)]
+        return [json.dumps(rows, default=uuid_text)]
 
     def lock_sql(self, connection: BaseDatabaseWrapper, name: str) -> tuple[str, str, Any]:
         """``GET_LOCK`` with no wait. Its names are server-wide (and MySQL's at most 64

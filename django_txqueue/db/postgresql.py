@@ -87,32 +87,61 @@ class PostgreSQL(Dialect):
         CTE always runs to completion); they touch different rows (held IN_PROGRESS by
         the acknowledging claim; READY), so neither waits for the other. The single row
         joined to the claimed ones carries the acknowledged count when none is claimed.
+        One that counts down does it in the same statement (``acknowledged``); the claim
+        reads the rows as they were before it, so where it released some and claimed
+        nothing, a second claim looks again.
 
         A claim that reads other rows (an ordered queue's running items) runs after the
         acknowledgement instead: in one statement it would see them as they were before
         it (one snapshot) and hold their keys back."""
         if claim.reads_other_rows:
             return self.acknowledge(statement, ack), self.claim_skip_locked(claim, values)
-        if ack.counts_down:
-            # Its count-down must read the edges after the acknowledgement holds the rows
-            # (``ack_on``): a statement of its own, where one would read them as they were
-            # before it waited for a producer adding one. The claim then sees what it
-            # released.
-            with self.short_transaction(connections[claim.alias]) as cursor:
-                acked = self.ack_on(cursor, statement, ack)
-                return acked, self.claim_skip_locked(claim, values)
-        ack_sql, ack_params = statement.bind(ack, self.pk_params(list(ack.results)))
+        ctes, ack_params = self.acknowledged(statement, ack)
         claim_sql, claim_params = self._claim_statement(claim, values, "FOR UPDATE SKIP LOCKED")
         sql = (
-            f"WITH acked AS ({ack_sql} RETURNING 1), claimed AS ({claim_sql}) "
-            "SELECT (SELECT count(*) FROM acked), claimed.* "
+            f"WITH {ctes}, claimed AS ({claim_sql}) "
+            f"SELECT (SELECT count(*) FROM acked), {self.released_count(ack)}, claimed.* "
             "FROM (SELECT 1) AS one LEFT JOIN claimed ON true"
         )
         with self.hot_cursor(connections[claim.alias]) as cursor:
             cursor.execute(sql, ack_params + claim_params)
             rows = cursor.fetchall()
-        claimed = [row[1:] for row in rows if row[1] is not None]  # the pk: never NULL
-        return int(rows[0][0]), claim.rows.load(claimed)
+        claimed = claim.rows.load([row[2:] for row in rows if row[2] is not None])  # pk
+        if rows[0][1] and not claimed:
+            claimed = self.claim_skip_locked(claim, values)
+        return int(rows[0][0]), claimed
+
+    def acknowledge(self, statement: AckStatement, ack: Ack) -> int:
+        if not ack.dependents:
+            return super().acknowledge(statement, ack)
+        ctes, params = self.acknowledged(statement, ack)
+        sql = f"WITH {ctes} SELECT (SELECT count(*) FROM acked), {self.released_count(ack)}"
+        with self.hot_cursor(connections[statement.alias]) as cursor:
+            cursor.execute(sql, params)
+            return int(cursor.fetchone()[0])
+
+    def acknowledged(self, statement: AckStatement, ack: Ack) -> tuple[str, list[Any]]:
+        """The CTEs that acknowledge ``ack`` (``acked``, the rows it took) and, where it
+        counts down, count down what waits for them (``counted``) and NOTIFY the queues of
+        those it made READY (``told``), with their parameters.
+
+        One statement is safe here: the acknowledgement takes only rows whose
+        ``dependent_count`` is as their claim read it, and a producer adding an edge to a
+        row changes it. A row it waited for a producer to release is then read again
+        with that change (and left to ``store.flows``), where the count-down, reading the
+        edges as they were when the statement began, would miss the new one."""
+        pks = self.pk_params(list(ack.results))
+        ack_sql, params = statement.bind(ack, pks)
+        ctes = f"acked AS ({ack_sql} RETURNING {statement.pk_column})"
+        if not ack.dependents:
+            return ctes, params
+        count_down, count_params = statement.count_down(pks, len(ack.results))
+        return f"{ctes}, {count_down}", params + count_params
+
+    @staticmethod
+    def released_count(ack: Ack) -> str:
+        """How many queues the statement told of released items (``acknowledged``)."""
+        return "(SELECT count(*) FROM told)" if ack.dependents else "0"
 
     @contextmanager
     def hot_cursor(self, connection: BaseDatabaseWrapper) -> Iterator[Any]:
@@ -177,13 +206,35 @@ class PostgreSQL(Dialect):
             yield taken
 
     def count_down_update(self, items: str, edges: str, columns: dict[str, str], size: int) -> str:
-        # The queues of the items made READY, for ``released``.
-        ready = f"CASE WHEN {columns['status']} = {int(Status.READY)} THEN {columns['queue']} END"
-        return f"{super().count_down_update(items, edges, columns, size)} RETURNING {ready}"
+        """The CTEs after ``acked`` (``acknowledged``): each WAITING item with edges to the
+        rows acknowledged counts down by their number, READY at zero (``counted``), and the
+        queues of those made READY are told (``told``). Parameters: ``count_down_params``."""
+        pk, status, waiting = columns["pk"], columns["status"], columns["waiting_for"]
+        item, parent = columns["edge_item"], columns["edge_parent"]
+        # The edges found by their parents' index first (the acknowledged items' keys);
+        # joined to ``acked`` alone, of unknown size, the planner read all of them. The
+        # items counted down are then found by primary key: their WAITING check reads
+        # ``status + 0``, which the WAITING index's predicate cannot match (the planner
+        # read every WAITING item through it, and the dead ones a drain leaves).
+        edges_to_acked = (
+            f"SELECT e.{item} AS item, count(*) AS n FROM {edges} AS e "
+            f"WHERE e.{parent} = ANY(%s) AND e.{parent} IN (SELECT {pk} FROM acked) "
+            f"GROUP BY e.{item}"
+        )
+        return (
+            f"counted AS (UPDATE {items} SET {status} = CASE WHEN {items}.{waiting} <= c.n "
+            f"THEN %s ELSE {items}.{status} END, {waiting} = {items}.{waiting} - c.n "
+            f"FROM ({edges_to_acked}) AS c WHERE {items}.{pk} = c.item "
+            f"AND {items}.{status} + 0 = %s "
+            f"RETURNING CASE WHEN {items}.{status} = %s THEN {items}.{columns['queue']} END "
+            "AS released), "
+            "told AS (SELECT pg_notify(%s, q.released) FROM "
+            "(SELECT DISTINCT released FROM counted WHERE released IS NOT NULL) AS q)"
+        )
 
-    def released(self, cursor: Any) -> None:
-        for queue in sorted({queue for (queue,) in cursor.fetchall() if queue is not None}):
-            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, queue])
+    def count_down_params(self, pk_params: list[Any]) -> list[Any]:
+        ready = int(Status.READY)
+        return [ready, *pk_params, int(Status.WAITING), ready, CHANNEL]
 
     def announce(self, connection: BaseDatabaseWrapper, queue: str) -> None:
         with connection.cursor() as cursor:

@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 
 from .. import conf
 from ..db import dialect
-from ..db.acks import Ack, ack_statement, waited_for
+from ..db.acks import Ack, ack_statement, claimed_dependents
 from ..db.base import Uncounted
 from ..db.rows import has_field
 from ..status import Status, settled_as
@@ -42,7 +42,9 @@ def ack(item: QueueModel, result: Any = None) -> bool:
     if item.claim_token is None or item.status != Status.IN_PROGRESS:
         return False
     alias = item._state.db or "default"
-    if not ack_many(type(item), alias, Ack(item.claim_token, {item.pk: result}, waited_for(item))):
+    if not ack_many(
+        type(item), alias, Ack(item.claim_token, {item.pk: result}, claimed_dependents([item]))
+    ):
         return False
     mark_done(item, result)
     return True
@@ -75,7 +77,7 @@ def ack_many(model: type[Model], alias: str, ack: Ack) -> int:
     try:
         acknowledged = retrying_conflicts(vendor.acknowledge, alias, statement, ack)
     except Uncounted:  # rolled back: the plain statement, and flows' for the rest
-        ack = replace(ack, counts_down=False)
+        ack = replace(ack, dependents=None)
         acknowledged = retrying_conflicts(vendor.acknowledge, alias, statement, ack)
     return acknowledged + ack_waited_for(model, alias, ack, acknowledged)
 
@@ -84,13 +86,13 @@ def ack_waited_for(model: type[Model], alias: str, ack: Ack, acknowledged: int) 
     """Acknowledge the items of ``ack`` that something waits for, which the statement that
     acknowledged ``acknowledged`` of them left alone, with what waits for them
     (``flows.end_waited_for``); how many. Nothing to do, and no query, when it took them all."""
-    if acknowledged == len(ack.results) or not has_field(model, "has_dependents"):
+    if acknowledged == len(ack.results) or not has_field(model, "dependent_count"):
         return 0
     held = model._base_manager.using(alias).filter(
         pk__in=list(ack.results),
         status=Status.IN_PROGRESS,
         claim_token=ack.claim_token,
-        has_dependents=True,
+        dependent_count__gt=0,
     )
     results = ack.results if has_field(model, "result") else None
     return retrying_conflicts(flows.end_waited_for, alias, held, flows.ACKNOWLEDGED, results)
@@ -208,12 +210,12 @@ def _change_if_held(item: QueueModel, **changes: Any) -> bool:
         ._base_manager.using(item._state.db or "default")
         .filter(pk=item.pk, status=Status.IN_PROGRESS, claim_token=item.claim_token)
     )
-    if not has_field(type(item), "has_dependents"):
+    if not has_field(type(item), "dependent_count"):
         changed = update_retrying(held, **changes)
     else:
-        changed = update_retrying(held.filter(has_dependents=False), **changes)
+        changed = update_retrying(held.filter(dependent_count=0), **changes)
         if not changed:  # taken over, or waited for
-            waited_for = held.filter(has_dependents=True)
+            waited_for = held.filter(dependent_count__gt=0)
             changed = retrying_conflicts(flows.end_waited_for, held.db, waited_for, changes)
     if changed:
         for name, value in changes.items():

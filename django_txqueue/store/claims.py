@@ -137,7 +137,7 @@ def ack_and_claim(
         # The claim kept losing races, and took the acknowledgement down with it.
         return ack_many(statement.model, statement.alias, ack), []
     except Uncounted:  # rolled back, claim and all: acknowledged alone, then a claim
-        acked = ack_many(statement.model, statement.alias, replace(ack, counts_down=False))
+        acked = ack_many(statement.model, statement.alias, replace(ack, dependents=None))
         return acked, claim(statement, pid=pid, strategy=resolved, lease=lease, after=after)
     waited_for = ack_waited_for(statement.model, statement.alias, ack, acked)
     if waited_for and not items:

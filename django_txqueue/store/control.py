@@ -47,7 +47,7 @@ def cancel(items: QuerySet[Any]) -> int:
         ),
     }
     rows = items.order_by().filter(waiting | asked)
-    ending_flows = waiting & Q(has_dependents=True)
+    ending_flows = waiting & Q(dependent_count__gt=0)
     changed = update_retrying(rows.exclude(ending_flows), **changes)
     waited_for = rows.filter(ending_flows)
     if not waited_for.exists():  # the usual case: no flow's item among them

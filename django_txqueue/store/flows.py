@@ -7,8 +7,8 @@ DONE counts one down, and the item waiting becomes READY at zero; FAILED or CANC
 cancels it (and, in turn, what waits for it), unless it ``runs_after_failure``, when it
 counts one down as for DONE.
 
-Plain items pay nothing for this. An item something waits for has ``has_dependents``
-set, and the statements that end items in bulk (the acknowledgement, a failure, a
+Plain items pay nothing for this. An item something waits for counts its
+``dependent_count``, and the statements that end items in bulk (the acknowledgement, a failure, a
 cancellation, a rescue) leave such rows alone: the rare rows they leave are ended here,
 in a transaction of their own with what waits for them. A producer that attaches a new
 item to one locks it first (``waiting_values``), so the two never miss each other.
@@ -45,11 +45,11 @@ def waiting_values(
     model: type[QueueItem], using: str, parents: Sequence[Any], values: dict[str, Any]
 ) -> dict[str, Any] | ValueError:
     """The fields of new items of ``values`` that wait for ``parents`` (primary keys on
-    ``using``): the parents are locked and marked as waited for, in the caller's
-    transaction, then counted. WAITING for those unfinished; READY if all are DONE;
-    CANCELLED at once if one has failed or been cancelled and the items do not run after
-    a failure (``values["runs_after_failure"]``). A ValueError, returned having written
-    nothing, if one is not on ``using``."""
+    ``using``): the parents are locked, in the caller's transaction, then counted (their
+    ``dependent_count`` is counted up by ``add_edges``). WAITING for those unfinished;
+    READY if all are DONE; CANCELLED at once if one has failed or been cancelled and the
+    items do not run after a failure (``values["runs_after_failure"]``). A ValueError,
+    returned having written nothing, if one is not on ``using``."""
     rows = model._base_manager.using(using)
     found = dict(
         rows.select_for_update().filter(pk__in=parents).order_by("pk").values_list("pk", "status")
@@ -60,7 +60,6 @@ def waiting_values(
             f"after: no item {missing[0]!r} on database {using!r}; the items waited for "
             "must be on the same database as the new one"
         )
-    rows.filter(pk__in=parents, has_dependents=False).update(has_dependents=True)
     flow = {"flow": uuid.uuid4()}
     failed = [(pk, status) for pk, status in found.items() if status in FAILED_OR_CANCELLED]
     if failed and not values.get("runs_after_failure"):
@@ -92,10 +91,13 @@ def edges_of(model: type[Model]) -> type[Model]:
 def add_edges(
     model: type[QueueItem], using: str, items: list[QueueItem], parents: Sequence[Any]
 ) -> None:
-    """The edges from each new item of one enqueue to each of ``parents`` (primary keys)."""
+    """The edges from each new item of one enqueue to each of ``parents`` (primary keys,
+    locked by ``waiting_values``), and the parents' ``dependent_count`` counted up by them."""
     if any(item.pk is None for item in items):
         read_back_pks(model, using, items)
     insert_edges(model, using, [(item.pk, parent) for item in items for parent in parents])
+    more = F("dependent_count") + len(items)
+    model._base_manager.using(using).filter(pk__in=parents).update(dependent_count=more)
 
 
 def add_flow_edges(
@@ -204,7 +206,7 @@ def cancel(
                 rows.select_for_update()
                 .filter(pk__in=chunk, status=Status.WAITING)
                 .order_by("pk")
-                .values_list("pk", "has_dependents")
+                .values_list("pk", "dependent_count")
             )
             rows.filter(pk__in=list(waiting)).update(**cancelled(parent, statuses[parent]))
             onward |= {

@@ -141,10 +141,14 @@ def _insert_checked(
     return rows.add(values, payloads, first_round, varying)
 
 
+# Rows alike but for their payload: their fields, and the indices of their payloads.
+Run = tuple[dict[str, Any], list[int]]
+
+
 def enqueue_flow(
     model: type[QueueItem],
     using: str,
-    rows: list[dict[str, Any]],
+    runs: list[Run],
     payloads: list[Any],
     parents: list[list[int]],
     *,
@@ -152,41 +156,45 @@ def enqueue_flow(
     bound_model: type[Model],
     fair: set[str],
 ) -> list[QueueItem]:
-    """Insert one flow's items, ``rows`` (their fields but the payload) with
-    ``payloads``, and the edges from each to its ``parents`` (indices into ``rows``), in
-    the caller's transaction, all or none; the items, in the order of ``rows``.
+    """Insert one flow's items, ``payloads`` with the fields of their ``runs``, and the
+    edges from each to its ``parents`` (indices into ``payloads``), in the caller's
+    transaction, all or none; the items, in the order of ``payloads``.
 
-    Rows alike but for their payload go in one INSERT. ``bounds``: the bounded queues'
-    sizes ({queue: MAX_SIZE}), checked under their bound rows' locks first (QueueFull);
-    ``fair``: the fair queues, whose items get their rounds.
+    Each run goes in one INSERT. ``bounds``: the bounded queues' sizes ({queue:
+    MAX_SIZE}), checked under their bound rows' locks first (QueueFull); ``fair``: the
+    fair queues, whose items get their rounds.
     """
     return retrying_conflicts(
-        _enqueue_flow, using, model, using, rows, payloads, parents, bounds, bound_model, fair
+        _enqueue_flow, using, model, using, runs, payloads, parents, bounds, bound_model, fair
     )
 
 
 def _enqueue_flow(
     model: type[QueueItem],
     using: str,
-    rows: list[dict[str, Any]],
+    runs: list[Run],
     payloads: list[Any],
     parents: list[list[int]],
     bounds: dict[str, int],
     bound_model: type[Model],
     fair: set[str],
 ) -> list[QueueItem]:
+    adding: Counter[str] = Counter()
+    for values, indices in runs:
+        adding[values["queue"]] += len(indices)
     # savepoint=False and the error raised after the block: as _enqueue_guarded.
     with transaction.atomic(using=using, savepoint=False):
-        full = _first_full(
-            model, using, Counter(row["queue"] for row in rows), bounds, bound_model
-        )
+        full = _first_full(model, using, adding, bounds, bound_model)
         if full is None:
-            items = _insert_rows(model, using, rows, payloads, fair)
+            items = _insert_rows(model, using, runs, payloads, fair)
             flows.add_flow_edges(model, using, items, parents)
     if full is not None:
         queue, current = full
-        first = next(n for n, row in enumerate(rows) if row["queue"] == queue)
-        raise QueueFull(inserts(model, using).new(**rows[first], payload=payloads[first]), current)
+        values, indices = min(
+            (run for run in runs if run[0]["queue"] == queue), key=lambda r: r[1][0]
+        )
+        first = inserts(model, using).new(**values, payload=payloads[indices[0]])
+        raise QueueFull(first, current)
     return items
 
 
@@ -206,22 +214,13 @@ def _first_full(
 
 
 def _insert_rows(
-    model: type[QueueItem],
-    using: str,
-    rows: list[dict[str, Any]],
-    payloads: list[Any],
-    fair: set[str],
+    model: type[QueueItem], using: str, runs: list[Run], payloads: list[Any], fair: set[str]
 ) -> list[QueueItem]:
-    """The rows, one INSERT per run of rows alike but for their payload; the items in the
-    order of ``rows``, with their primary keys (read back where a multi-row INSERT gives
-    none: MySQL)."""
-    alike: dict[Any, list[int]] = {}
-    for n, values in enumerate(rows):
-        alike.setdefault(alike_key(values), []).append(n)
+    """The items, one INSERT per run; in the order of ``payloads``, with their primary
+    keys (read back where a multi-row INSERT gives none: MySQL)."""
     writer = inserts(model, using)
-    items: list[Any] = [None] * len(rows)
-    for indices in alike.values():
-        values = rows[indices[0]]
+    items: list[Any] = [None] * len(payloads)
+    for values, indices in runs:
         first_round = None
         if values["queue"] in fair:
             first_round = fairness.first_round(model, values["queue"], values.get("key"), using)
@@ -230,20 +229,9 @@ def _insert_rows(
         for n, item in zip(indices, made, strict=True):
             items[n] = item
     if any(item.pk is None for item in items):
-        written = [items[n] for indices in alike.values() for n in indices]
+        written = [items[n] for _, indices in runs for n in indices]
         flows.read_back_pks(model, using, written)
     return items
-
-
-def alike_key(values: dict[str, Any]) -> Any:
-    """What rows alike share: their fields (built in the same order by the same code),
-    or, where one cannot be hashed (a trace context's dict), their text."""
-    key = tuple(values.items())
-    try:
-        hash(key)
-    except TypeError:
-        return repr(sorted(values.items()))
-    return key
 
 
 def unfinished_twin(

@@ -87,11 +87,11 @@ def _rescue(stuck: QuerySet[Any], fail: bool) -> int:
             output_field=models.CharField(),
         ),
     )
-    if not has_field(stuck.model, "has_dependents"):
+    if not has_field(stuck.model, "dependent_count"):
         return int(stuck.update(**changes))
     # What waits for an item that ends here ends with it (``flows``).
-    rescued = int(stuck.filter(has_dependents=False).update(**changes))
-    return rescued + flows.end_waited_for(stuck.filter(has_dependents=True), changes)
+    rescued = int(stuck.filter(dependent_count=0).update(**changes))
+    return rescued + flows.end_waited_for(stuck.filter(dependent_count__gt=0), changes)
 
 
 def requeue(items: QuerySet[Any], *, stuck: Q) -> int:
@@ -188,7 +188,7 @@ def purge(items: QuerySet[Any], older_than: timedelta, *, until: float | None = 
     locks for long. Returns how many were deleted.
     """
     finished = items.filter(status__in=FINISHED, finished_at__lt=Now() - older_than)
-    in_flows = has_field(items.model, "has_dependents")
+    in_flows = has_field(items.model, "dependent_count")
     return delete_in_batches(finished, "finished_at", until=until, in_flows=in_flows)
 
 
@@ -217,7 +217,7 @@ def delete_in_batches(
     ``in_flows``: items, whose flows' edges are deleted with them (``flows.forget``).
     """
     deleted, kept = 0, set[Any]()
-    columns = ("pk", "flow", "has_dependents") if in_flows else ("pk",)
+    columns = ("pk", "flow", "dependent_count") if in_flows else ("pk",)
     while batch := list(
         rows.exclude(pk__in=kept).order_by(oldest, "pk").values_list(*columns)[:PURGE_BATCH]
     ):
