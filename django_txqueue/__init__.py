@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .api import Queue, enqueue, enqueue_many, run_in_transaction
     from .consumer.registry import handler
-    from .exceptions import QueueFull
+    from .exceptions import QueueFull, Snooze
     from .flows import Flow, chain, group, step
     from .idempotency import once
     from .models import Consumer, QueueItem, QueueModel, Status
@@ -25,6 +25,7 @@ __all__ = [
     "QueueFull",
     "QueueItem",
     "QueueModel",
+    "Snooze",
     "Status",
     "chain",
     "enqueue",
@@ -43,6 +44,7 @@ _HOMES = {
     "enqueue_many": "api",
     "run_in_transaction": "api",
     "QueueFull": "exceptions",
+    "Snooze": "exceptions",
     "Flow": "flows",
     "chain": "flows",
     "group": "flows",

@@ -224,7 +224,7 @@ class QueueItemAdmin(QueueItemModelAdmin):
         ("id", "queue", "status_label"),
         ("priority", "run_at", "created_at", "finished_at"),
         ("key", "dedup_key"),
-        ("attempts", "max_attempts"),
+        ("attempts", "max_attempts", "snoozes"),
         ("pid", "claimed_at", "lease_expires_at"),
         "cancel_requested_at",
         "flow_link",

@@ -63,6 +63,10 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "LEASE": (_positive_number, "a positive number of seconds"),
     "MAX_ATTEMPTS": (_positive_int, "a positive integer"),
     "RETRY_DELAY": (_positive_number, "a positive number of seconds"),
+    "MAX_SNOOZES": (
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "an integer >= 0",
+    ),
     "RETRY_MAX_DELAY": (_positive_number, "a positive number of seconds"),
     "CLAIM_STRATEGY": (lambda v: v in conf.STRATEGIES, f"one of {', '.join(conf.STRATEGIES)}"),
     "CONSUMER_TIMEOUT": (_positive_number, "a positive number of seconds"),
@@ -85,6 +89,7 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "MAX_SIZE": (lambda v: v is None or _positive_int(v), "None or a positive integer"),
     "FAIR": (_flag, "True or False"),
     "ORDERED": (_flag, "True or False"),
+    "MAX_IN_FLIGHT": (lambda v: v is None or _positive_int(v), "None or a positive integer"),
     "MAX_IN_FLIGHT_PER_KEY": (
         lambda v: v is None or _positive_int(v),
         "None or a positive integer",

@@ -27,6 +27,8 @@ DEFAULTS: dict[str, Any] = {
     # Retry back-off: RETRY_DELAY * 2 ** (attempt - 1) seconds, capped, with jitter.
     "RETRY_DELAY": 10,
     "RETRY_MAX_DELAY": 3600,
+    # Snoozes (``raise Snooze(seconds)``) an item gets without using an attempt.
+    "MAX_SNOOZES": 10,
     # "auto", "skip_locked" or "update_limit" (docs/claims.md).
     "CLAIM_STRATEGY": "auto",
     # A consumer whose heartbeat is older than this many seconds is dead.
@@ -66,6 +68,7 @@ DEFAULTS: dict[str, Any] = {
 QUEUE_KEYS: dict[str, str | None] = {
     "LEASE": "LEASE",
     "MAX_ATTEMPTS": "MAX_ATTEMPTS",
+    "MAX_SNOOZES": "MAX_SNOOZES",
     "MAX_SIZE": None,
     # Fair queues serve their keys in rounds; ordered ones run one item per key at a
     # time, in enqueue order (docs/queues.md).
@@ -73,6 +76,9 @@ QUEUE_KEYS: dict[str, str | None] = {
     "ORDERED": None,
     # At most this many items per key running at once, the key's earliest (docs/queues.md).
     "MAX_IN_FLIGHT_PER_KEY": None,
+    # At most this many of the queue's items running at once, across every consumer
+    # (docs/limits.md).
+    "MAX_IN_FLIGHT": None,
     "DATABASE": "DATABASE",
     # What a rescue does with a stuck item: "retry" (READY again) or "fail" (FAILED at once,
     # for work that must never run twice).

@@ -25,3 +25,15 @@ class QueueFull(Exception):
         super().__init__(
             f"queue {getattr(item, 'queue', '?')!r} is full: {current_size} unfinished items"
         )
+
+
+class Snooze(Exception):  # noqa: N818  (a request, as Oban and River name it, not an error)
+    """Raised by a handler (or ``item.snooze(seconds)``): run the item again in
+    ``seconds`` without using an attempt. Past its queue's ``MAX_SNOOZES`` a snooze uses
+    one, so that nothing snoozes forever."""
+
+    def __init__(self, seconds: float) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+            raise ValueError(f"Snooze takes seconds, a number >= 0, not {seconds!r}")
+        self.seconds = float(seconds)
+        super().__init__(f"snoozed for {self.seconds:g} s")

@@ -21,6 +21,7 @@ from django.db.models.functions import Now
 from . import conf, store
 from .db import dialect
 from .db.compiler import ClaimStatement
+from .exceptions import Snooze
 from .status import UNFINISHED, Status
 from .validation import MAX_LABEL, MAX_QUEUE_NAME
 
@@ -436,6 +437,9 @@ class QueueItem(QueueModel):
     dependent_count = models.PositiveIntegerField(default=0, db_default=0, editable=False)
     # The items enqueued together with ``after=`` share one.
     flow = models.UUIDField(null=True, blank=True, editable=False)
+    # How often its handler snoozed it (``Snooze``) without using an attempt; past the
+    # queue's MAX_SNOOZES a snooze uses one.
+    snoozes = models.PositiveIntegerField(default=0, db_default=0, editable=False)
 
     objects = QueueItemQuerySet.as_manager()  # type: ignore[misc]
 
@@ -506,6 +510,12 @@ class QueueItem(QueueModel):
         Once ``max_attempts`` claims have been spent it ends FAILED with ``error`` instead.
         """
         return store.retry(self, error, delay)
+
+    def snooze(self, seconds: float) -> bool:
+        """Put the item back READY to run in ``seconds``, without using an attempt, if this
+        claim still holds it (past its queue's ``MAX_SNOOZES``, as a retry that uses one).
+        A handler may ``raise Snooze(seconds)`` instead, which the consumer settles."""
+        return store.snooze(self, Snooze(seconds).seconds)
 
     def cancel(self) -> bool:
         """Cancel this item: READY, it ends CANCELLED at once; IN_PROGRESS, it gets a

@@ -305,6 +305,26 @@ def test_builtin_exception_is_named_in_builtins(run_consumer, run_once):
 
 @needs_tasks
 @consumed
+def test_a_task_that_snoozes_is_ready_again_and_not_finished(run_consumer):
+    finished = []
+
+    def record(sender, task_result, **kwargs):
+        finished.append(task_result.status)
+
+    signals.task_finished.connect(record, dispatch_uid="snooze-test")
+    try:
+        result = tasks.not_yet.enqueue()
+        run_consumer("--burst")
+    finally:
+        signals.task_finished.disconnect(dispatch_uid="snooze-test")
+    item = item_of(result)
+    assert (item.status, item.attempts, item.snoozes) == (Status.READY, 0, 1)
+    assert tasks.not_yet.get_result(result.id).status == TaskResultStatus.READY
+    assert finished == []
+
+
+@needs_tasks
+@consumed
 def test_retried_task_is_ready_again_with_the_attempts_error(run_consumer):
     result = tasks.builtin_boom.enqueue()  # RETRY_DELAY is 10 s: not due again in this run
 

@@ -36,6 +36,7 @@ COUNTERS = {
     "txqueue_items_failed",
     "txqueue_items_retried",
     "txqueue_items_rescued",
+    "txqueue_consumer_recycles",
 }
 HISTOGRAMS = {
     "txqueue_handler_duration_seconds",
@@ -49,6 +50,7 @@ GAUGES = {
     "txqueue_paused",
 }
 METRICS = COUNTERS | HISTOGRAMS | GAUGES
+RECYCLE_REASONS = {"max-items", "max-memory", "max-age"}
 STATUSES = {"ready", "in_progress", "waiting", "failed", "cancelled", "done"}
 START_TIMEOUT = 30
 # Every consumer also serves the on_commit calls whose committing process died (outbox.py).
@@ -85,7 +87,8 @@ def assert_bounded_labels(text, queues):
     for family in text_string_to_metric_families(text):
         assert family.name in METRICS, family.name
         for sample in family.samples:
-            assert set(sample.labels) <= {"queue", "status", "le"}, sample
+            assert set(sample.labels) <= {"queue", "status", "le", "reason"}, sample
+            assert sample.labels.get("reason", "max-age") in RECYCLE_REASONS, sample
             assert sample.labels.get("queue", next(iter(queues))) in queues, sample
             assert sample.labels.get("status", "ready") in STATUSES, sample
 

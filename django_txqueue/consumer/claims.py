@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import Exists
 
-from .. import store
+from .. import conf, store
 from ..db import dialect_for
 from ..db.compiler import ClaimStatement
-from ..models import QueuePause
+from ..models import QueueBound, QueuePause
 from ..store import fairness
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ class Claims:
         self.name = name
         self.items = items
         self._statements: dict[int, ClaimStatement] = {}  # compiled once per batch size
+        # MAX_IN_FLIGHT, read once: a claim of a capped queue counts what runs first.
+        self.cap: int | None = conf.queue_option(name, "MAX_IN_FLIGHT")
 
     @property
     def claimable(self) -> QueueItemQuerySet:
@@ -86,9 +88,18 @@ class Claims:
         after: tuple[Any, ...] | None = None,
     ) -> list[QueueItem]:
         """Claim up to ``limit`` due items (``store.claim``); ``after``: only those that
-        sort after it (``resume_key``)."""
-        return store.claim(
-            self.statement(limit), pid=pid, strategy=strategy, lease=lease, after=after
+        sort after it (``resume_key``). A queue with ``MAX_IN_FLIGHT`` takes no more than
+        its places left (``store.claim_capped``)."""
+        options: dict[str, Any] = {
+            "pid": pid,
+            "strategy": strategy,
+            "lease": lease,
+            "after": after,
+        }
+        if self.cap is None:
+            return store.claim(self.statement(limit), **options)
+        return store.claim_capped(
+            self.statement, self.name, self.cap, limit, QueueBound, **options
         )
 
     def ack_and_claim(
@@ -103,7 +114,11 @@ class Claims:
     ) -> tuple[int, list[QueueItem]]:
         """Acknowledge ``ack``, items of one claim (of any queue; None: none), then claim as
         ``claim`` does; together where the database allows (``store.ack_and_claim``).
-        Returns how many were acknowledged and the claimed items. The consumer's loop."""
+        Returns how many were acknowledged and the claimed items. The consumer's loop.
+        A queue with ``MAX_IN_FLIGHT`` acknowledges first: its claim counts what runs."""
+        if self.cap is not None:
+            acked = 0 if ack is None else store.ack_many(self.items.model, self.items.db, ack)
+            return acked, self.claim(limit, pid=pid, strategy=strategy, lease=lease, after=after)
         return store.ack_and_claim(
             self.statement(limit),
             ack,

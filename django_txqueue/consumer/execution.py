@@ -15,17 +15,18 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, Error, connections, transaction
 
 from .. import store
 from ..db import dialect_for
-from ..exceptions import NotJSONSerializable
+from ..exceptions import NotJSONSerializable, Snooze
 from ..models import QueueItem
 from ..observe import tracing
 from ..observe.logs import about
-from ..validation import check_json
+from ..validation import check_json, to_timedelta
 from . import registry
 
 # The logger name docs/tracing.md documents (and LOGGING settings name), kept from before
@@ -51,6 +52,10 @@ class Outcome:
     lost: bool = False
     # What the handler raised, until the settler has logged it with its traceback.
     exception: BaseException | None = None
+    # The retry's delay, from the handler's ``backoff`` (None: the queue's back-off).
+    delay: float | timedelta | None = None
+    # The handler raised ``Snooze``: the seconds until the item runs again.
+    snooze: float | None = None
 
     def failed(self, exc: BaseException, *, retry: bool = True) -> None:
         self.exception = exc
@@ -86,14 +91,40 @@ def run_item(handle: registry.Handler, item: QueueItem) -> Outcome:
             outcome.result, outcome.acknowledged = run_atomic(handle, item)
         else:
             outcome.result = checked_result(handle(item), item)
+    except Snooze as exc:
+        outcome.snooze = exc.seconds
     except NotJSONSerializable as exc:
         outcome.failed(exc, retry=False)  # running it again would return the same
     except BaseException as exc:  # SystemExit or KeyboardInterrupt too: the item's failure
-        outcome.failed(exc)
+        rule = registry.retry_rule(item.queue)
+        outcome.failed(exc, retry=rule.retries(exc))
         outcome.lost = databases_failure(exc, item._state.db or "default")
         close_broken_connections(failed_only=True)  # else every later item fails too
+        if rule.backoff is not None and outcome.retry and not outcome.lost:
+            outcome.delay = backoff_delay(rule.backoff, item, exc)
     outcome.duration = time.monotonic() - started
     return outcome
+
+
+def backoff_delay(backoff: registry.Backoff, item: QueueItem, exc: BaseException) -> Any:
+    """``backoff(attempt, exc)``, the handler's delay before the retry: seconds >= 0 or a
+    timedelta. A backoff that raises or returns anything else is logged, and the queue's
+    own back-off used (None): the item is retried all the same."""
+    try:
+        delay = backoff(item.attempts, exc)
+        if isinstance(delay, timedelta) or (
+            isinstance(delay, (int, float)) and not isinstance(delay, bool)
+        ):
+            return to_timedelta(delay, "backoff's delay")
+        raise TypeError(f"backoff returned {delay!r}, not seconds or a timedelta")
+    except Exception:
+        logger.exception(
+            "%s #%s: the handler's backoff failed; the queue's back-off is used",
+            item.queue,
+            item.pk,
+            extra=about(item),
+        )
+        return None
 
 
 def checked_result(result: Any, item: QueueItem) -> Any:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 from django.conf import settings
@@ -45,12 +47,42 @@ class Source(Protocol):
         ...
 
 
+Backoff = Callable[[int, BaseException], "float | timedelta"]
+
+
+@dataclass(frozen=True)
+class RetryRule:
+    """What a handler's exception comes to, as ``@handler`` was told (docs/limits.md):
+    FAILED at once for one of ``discard_on``, or, where ``retry_on`` is given, for one
+    outside it; else a retry after ``backoff(attempt, exc)`` seconds (None: the queue's
+    back-off)."""
+
+    retry_on: tuple[type[BaseException], ...] | None = None
+    discard_on: tuple[type[BaseException], ...] = ()
+    backoff: Backoff | None = None
+
+    def retries(self, exc: BaseException) -> bool:
+        if isinstance(exc, self.discard_on):
+            return False
+        return self.retry_on is None or isinstance(exc, self.retry_on)
+
+
+PLAIN_RULE = RetryRule()
+
 _handlers: dict[str, Handler] = {}
 _atomic: set[str] = set()
+_rules: dict[str, RetryRule] = {}
 _sources: list[Source] = []
 
 
-def handler(queue: str, *, atomic: bool = False) -> Callable[[H], H]:
+def handler(
+    queue: str,
+    *,
+    atomic: bool = False,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+    discard_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    backoff: Backoff | None = None,
+) -> Callable[[H], H]:
     """Register the decorated function as the handler of ``queue``.
 
     It receives the claimed ``QueueItem``; its return value (JSON) is stored as the
@@ -58,10 +90,23 @@ def handler(queue: str, *, atomic: bool = False) -> Callable[[H], H]:
     ``max_attempts`` are spent. With ``atomic``, it runs in a transaction on the queue's
     database that ends with the item's fenced acknowledgement: its writes commit with
     the acknowledgement, or roll back with it when the claim was taken over.
+
+    ``discard_on`` (exception classes): such an exception ends the item FAILED at once;
+    ``retry_on``: only these are retried, any other ends it FAILED at once;
+    ``backoff(attempt, exc)``: the seconds (or timedelta) before the retry, in place of
+    the queue's back-off. ``raise Snooze(seconds)`` runs it again later without using an
+    attempt.
     """
     validate_queue_name(queue)
     if not isinstance(atomic, bool):
         raise TypeError(f"atomic must be True or False, not {atomic!r}")
+    if backoff is not None and not callable(backoff):
+        raise TypeError(f"backoff must be a callable (attempt, exc) -> seconds, not {backoff!r}")
+    rule = RetryRule(
+        None if retry_on is None else exception_classes(retry_on, "retry_on"),
+        exception_classes(discard_on, "discard_on"),
+        backoff,
+    )
 
     def register(func: H) -> H:
         existing = _handlers.get(queue)
@@ -75,9 +120,31 @@ def handler(queue: str, *, atomic: bool = False) -> Callable[[H], H]:
             _atomic.add(queue)
         else:
             _atomic.discard(queue)
+        if rule == PLAIN_RULE:
+            _rules.pop(queue, None)
+        else:
+            _rules[queue] = rule
         return func
 
     return register
+
+
+def exception_classes(value: Any, name: str) -> tuple[type[BaseException], ...]:
+    """``value``, an exception class or a tuple of them, as a tuple; TypeError naming
+    ``name`` otherwise."""
+    classes = value if isinstance(value, tuple) else (value,)
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise TypeError(
+                f"{name} takes exception classes (one, or a tuple of them), not {cls!r}"
+            )
+    return classes
+
+
+def retry_rule(queue: str) -> RetryRule:
+    """How ``queue``'s handler wants its exceptions settled (``PLAIN_RULE``: retried
+    with the queue's back-off)."""
+    return _rules.get(queue, PLAIN_RULE)
 
 
 def autodiscover() -> None:
@@ -143,3 +210,4 @@ def unregister(queue: str) -> None:
     """Forget a queue's handler (for tests)."""
     _handlers.pop(queue, None)
     _atomic.discard(queue)
+    _rules.pop(queue, None)

@@ -41,8 +41,10 @@ def acknowledgement(token: int, group: list[Outcome]) -> store.Ack:
     the items' ``dependent_count`` as the claim read them, where one is waited for: its
     acknowledgement then counts down what waits for it."""
     results = {outcome.item.pk: outcome.result for outcome in group}
+    if not any(outcome.item.dependent_count for outcome in group):  # plain items
+        return store.Ack(token, results)
     dependents = {outcome.item.pk: outcome.item.dependent_count for outcome in group}
-    return store.Ack(token, results, dependents if any(dependents.values()) else None)
+    return store.Ack(token, results, dependents)
 
 
 class Settler:
@@ -73,6 +75,9 @@ class Settler:
         self._uncounted: list[Outcome] = []
         # The signals some receiver listens to (``signals.heard``), asked once per call.
         self.heard: frozenset[Signal] = frozenset()
+        # At most this many items per claim, whatever the room (a recycling consumer's
+        # claims left, ``recycling``); None: no cap.
+        self.claim_cap: int | None = None
 
     def settle(self, arrived: list[Outcome]) -> list[Outcome]:
         """Write what ``arrived`` (and what an earlier call could not write) came to;
@@ -92,7 +97,7 @@ class Settler:
         already: list[Outcome] = []  # acknowledged (or refused) by an atomic handler
         errors: list[Outcome] = []
         for outcome in self.unsettled:
-            if outcome.error is not None:
+            if outcome.error is not None or outcome.snooze is not None:
                 errors.append(outcome)
             elif outcome.acknowledged is None:
                 by_claim.setdefault(outcome.item.claim_token or 0, []).append(outcome)
@@ -113,6 +118,8 @@ class Settler:
             for outcome in errors:
                 if outcome.lost:
                     self._release(outcome)
+                elif outcome.snooze is not None:
+                    self._snooze(outcome)
                 else:
                     self._fail(outcome)
                 settled.append(outcome)
@@ -144,6 +151,8 @@ class Settler:
         claimer, ack = self.claimer, None if riding is None else acknowledgement(*riding)
         # The items settled, and those riding, are finished: their room is free.
         limit = min(self.batch, room + len(settled) + (len(riding[1]) if riding else 0))
+        if self.claim_cap is not None:
+            limit = min(limit, self.claim_cap)
         woken = {outcome.item.queue for outcome in settled} if self.rotation.idle else ()
         claimed: list[QueueItem] = []
         if limit > 0:
@@ -203,7 +212,7 @@ class Settler:
         extra = about(item)
         final = not outcome.retry or item.attempts >= item.max_attempts
         if outcome.retry:
-            store.retry(item, outcome.error, error_class=outcome.error_class)
+            store.retry(item, outcome.error, outcome.delay, error_class=outcome.error_class)
         else:
             store.fail(item, outcome.error, error_class=outcome.error_class)
         # The one line about the handler's exception, with its traceback: ERROR when the
@@ -223,6 +232,12 @@ class Settler:
         )
 
     @staticmethod
+    def _snooze(outcome: Outcome) -> None:
+        item, seconds = outcome.item, outcome.snooze or 0.0
+        if store.snooze(item, seconds):
+            logger.info("%s #%s snoozed for %g s", item.queue, item.pk, seconds, extra=about(item))
+
+    @staticmethod
     def _log_done(outcome: Outcome) -> None:
         item = outcome.item
         logger.debug(
@@ -233,8 +248,8 @@ class Settler:
         """Counters and signals (where ``heard``) for settled outcomes."""
         heard, debug = self.heard, logger.isEnabledFor(logging.DEBUG)
         for outcome in outcomes:
-            if outcome.acknowledged is False or outcome.lost:
-                continue  # nothing happened: rolled back, or released to run again
+            if outcome.acknowledged is False or outcome.lost or outcome.snooze is not None:
+                continue  # nothing happened: rolled back, released or snoozed to run again
             if outcome.error is None:
                 self.processed += 1
                 if debug:

@@ -1,20 +1,26 @@
 """``run_queue_consumer --processes N``: N consumer processes under one supervisor.
 
 A child that dies (exits non-zero) is started again (after a pause that grows while children keep
-dying young, so a crash loop cannot spin). SIGTERM/SIGINT are passed on to every
-child, which stops gracefully; a second signal is passed on too, stopping them at once.
-Children run in their own sessions, so a terminal's Ctrl-C reaches them only through the
-supervisor, once (twice would stop them at once); SIGHUP is passed on too, unless ignored.
+dying young, so a crash loop cannot spin); one that recycled (``--max-items``, ``--max-memory``,
+``--max-age``: it exits 0 having said so through a pipe, ``recycling.RECYCLE_FD``) at once.
+SIGTERM/SIGINT are passed on to every child, which stops gracefully; a second signal is passed
+on too, stopping them at once. Children run in their own sessions, so a terminal's Ctrl-C
+reaches them only through the supervisor, once (twice would stop them at once); SIGHUP is
+passed on too, unless ignored.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import subprocess
 import sys
 import time
 from types import FrameType
+
+from .recycling import RECYCLE_FD
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +35,9 @@ class Supervisor:
         self.children: list[tuple[subprocess.Popen[bytes], float]] = []
         self.signals = 0
         self.restart_pause = 0.0
+        self.recycles = 0
+        # Each running child's end of the pipe it says it recycled through.
+        self.pipes: dict[int, int] = {}
 
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -43,10 +52,36 @@ class Supervisor:
         return 0
 
     def spawn(self) -> tuple[subprocess.Popen[bytes], float]:
-        # Own session: signals sent to the supervisor's process group (Ctrl-C) skip it.
-        child = subprocess.Popen(self.argv, start_new_session=True)  # noqa: S603 - our own argv
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        try:
+            # Own session: signals sent to the supervisor's process group (Ctrl-C) skip it.
+            child = subprocess.Popen(  # noqa: S603 - our own argv
+                self.argv,
+                start_new_session=True,
+                pass_fds=(write_end,),
+                env={**os.environ, RECYCLE_FD: str(write_end)},
+            )
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)  # the child's now: the read end sees its exit as the end
+        self.pipes[child.pid] = read_end
         logger.info("started consumer process %d", child.pid)
         return child, time.monotonic()
+
+    def recycled(self, pid: int) -> str:
+        """Why the exited child ``pid`` recycled, as it wrote it ("" if it did not)."""
+        read_end = self.pipes.pop(pid, None)
+        if read_end is None:
+            return ""
+        try:
+            with contextlib.suppress(BlockingIOError):
+                return os.read(read_end, 4096).decode(errors="replace")
+            return ""
+        finally:
+            os.close(read_end)
 
     def check(
         self, child: subprocess.Popen[bytes], born: float
@@ -54,6 +89,11 @@ class Supervisor:
         code = child.poll()
         if code is None:
             return child, born
+        reason = self.recycled(child.pid)
+        if code == 0 and reason and not self.signals:
+            self.recycles += 1
+            logger.info("consumer process %d recycled (%s); starting another", child.pid, reason)
+            return self.spawn()
         if self.signals or code == 0:
             return None  # stopping, or a --burst run that drained its queues
         lived = time.monotonic() - born

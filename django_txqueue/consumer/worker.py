@@ -32,12 +32,14 @@ from .. import conf, store
 from ..api import Queue
 from ..db import dialect_for
 from ..models import Consumer, QueueItem
+from ..observe import metrics
 from ..observe.logs import forget_queries, one_line
 from ..store.backoff import RECONNECT_MAX_PAUSE, jittered, next_pause
 from . import registry
 from .claims import Claimer
 from .execution import Outcome, close_broken_connections, close_if_broken, drop_connection, runner
 from .housekeeping import Housekeeping
+from .recycling import Recycler, Recycling, kind
 from .rotation import Rotation
 from .settle import Settler
 from .wakeup import Waiter
@@ -102,6 +104,7 @@ class Worker:
         on_progress: Callable[[Progress], None] | None = None,
         progress_interval: float = 5.0,
         discover: Callable[[str], registry.Handler | None] | None = None,
+        recycling: Recycling | None = None,
     ) -> None:
         self.concurrency = concurrency
         self.batch = batch or concurrency
@@ -141,6 +144,9 @@ class Worker:
         # How a handler thread runs an item: in a span of its own while traces are
         # recorded (a tracer provider is set up before a consumer starts).
         self._run_item = runner()
+        # --max-items, --max-memory, --max-age: why it recycled (None: it did not).
+        self.recycler = None if recycling is None else Recycler(recycling)
+        self.recycled: str | None = None
 
     def _station(
         self,
@@ -200,6 +206,8 @@ class Worker:
         self.threads.start()
         try:
             while not self.stopping.is_set():
+                if self.recycler is not None and self._recycling_done():
+                    break
                 if not self._turn():
                     break
                 self._report_progress()
@@ -208,6 +216,18 @@ class Worker:
         finally:
             self._shut_down()
         return 0
+
+    def _recycling_done(self) -> bool:
+        """Whether a recycling consumer has run every item it claimed: from the turn it
+        reaches a limit on, it claims nothing more (``recycled``)."""
+        assert self.recycler is not None  # noqa: S101 - asked only with one
+        if self.recycled is None and (reason := self.recycler.reason()) is not None:
+            self.recycled = reason
+            logger.info("recycling (%s): finishing %d items", reason, len(self.in_flight))
+            if metrics.recorder is not None:
+                metrics.recorder.recycling(kind(reason))
+        unsettled = any(station.settler.unsettled for station in self.stations.values())
+        return self.recycled is not None and not len(self.in_flight) and not unsettled
 
     def stop(self) -> None:
         """Stop claiming and shut down gracefully (thread- and signal-safe)."""
@@ -299,7 +319,15 @@ class Worker:
         if not (arrived or room > 0 or station.settler.unsettled):
             return False  # nothing to write, no room to claim
         forget_queries()  # this thread's, before the batch's statements
-        settled, claimed = station.settler.settle_and_claim(arrived, room=room)
+        claimed: list[QueueItem] = []
+        if self.recycled is not None:  # recycling: run what it holds, claim nothing
+            settled = station.settler.settle(arrived)
+        else:
+            if self.recycler is not None:
+                station.settler.claim_cap = self.recycler.claims_left()
+            settled, claimed = station.settler.settle_and_claim(arrived, room=room)
+            if self.recycler is not None:
+                self.recycler.claimed += len(claimed)
         self.in_flight.remove(settled)
         if found := station.rotation.found:  # new queues: their wake-ups concern us now
             self.waiter.queues.update(found)

@@ -42,6 +42,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 QUEUE_OF, RUN_AT = attrgetter("queue"), attrgetter("run_at")
 ITEM_QUEUE_OF, DURATION = attrgetter("item.queue"), attrgetter("duration")
 ERROR, LOST, ACKNOWLEDGED = attrgetter("error"), attrgetter("lost"), attrgetter("acknowledged")
+SNOOZED = attrgetter("snooze")
 SECOND, NO_WAIT = timedelta(seconds=1), timedelta(0)
 
 
@@ -101,6 +102,12 @@ class Recorder:
             ["queue"],
             registry=None,
         )
+        self.recycles = client.Counter(
+            "txqueue_consumer_recycles",
+            "Consumer processes recycled (--max-items, --max-memory, --max-age), by limit.",
+            ["reason"],
+            registry=None,
+        )
         self.duration = client.Histogram(
             "txqueue_handler_duration_seconds",
             "How long handlers ran, per item, failures included.",
@@ -146,6 +153,7 @@ class Recorder:
             self.failed,
             self.retried,
             self.rescued,
+            self.recycles,
             self.duration,
             self.latency,
             self.batch,
@@ -192,10 +200,18 @@ class Recorder:
     def _count_settled(self) -> None:
         """Durations observed, outcomes counted per queue. Not counted: an atomic
         handler's refused acknowledgement (rolled back), the database's own failures
-        (released to run again)."""
+        (released to run again), a snooze (to run again)."""
         counted, self._settled = self._settled, []
-        if any(map(LOST, counted)) or False in map(ACKNOWLEDGED, counted):
-            counted = [o for o in counted if o.acknowledged is not False and not o.lost]
+        if (
+            any(map(LOST, counted))
+            or False in map(ACKNOWLEDGED, counted)
+            or any(s is not None for s in map(SNOOZED, counted))
+        ):
+            counted = [
+                o
+                for o in counted
+                if o.acknowledged is not False and not o.lost and o.snooze is None
+            ]
         for queue, group in by_queue(counted, list(map(ITEM_QUEUE_OF, counted))):
             self._tally("duration", queue).add(list(map(DURATION, group)))
             errors = list(map(ERROR, group))
@@ -213,6 +229,13 @@ class Recorder:
             with self._lock:
                 self._tally("rescued", queue).count += count
             self.flush()
+
+    def recycling(self, reason: str) -> None:
+        """The process reached a recycling limit: counted, and flushed at once (the
+        process ends soon)."""
+        with self._lock:
+            self.recycles.labels(reason=reason).inc()
+        self.flush()
 
     def _flush_when_due(self) -> None:
         if time.monotonic() - self._flushed >= self.FLUSH_INTERVAL:

@@ -28,10 +28,12 @@ from .acks import (
     now_plus,
     release,
     retry,
+    snooze,
 )
 from .claims import (
     ack_and_claim,
     claim,
+    claim_capped,
     claim_values,
     lease_of,
     queues_with_due_items,
@@ -90,6 +92,7 @@ __all__ = [
     "claim_values",
     "lease_of",
     "ack_and_claim",
+    "claim_capped",
     "queues_with_due_items",
     "rides_with_claims",
     "ack",
@@ -99,6 +102,7 @@ __all__ = [
     "retry",
     "fail",
     "release",
+    "snooze",
     "now_plus",
     "PURGE_LOCK",
     "renew_leases",

@@ -126,6 +126,22 @@ def retry(
     )
 
 
+def snooze(item: QueueItem, seconds: float) -> bool:
+    """Put the item back READY to run in ``seconds`` without counting the attempt (as
+    ``release``, CANCELLED instead if its cancellation was requested), one more of its
+    ``snoozes``; past its queue's ``MAX_SNOOZES``, a ``retry`` after ``seconds`` that
+    counts it, so that nothing snoozes forever."""
+    if _holds_no_claim(item):
+        return False
+    wait = timedelta(seconds=seconds)
+    limit = conf.queue_option(item.queue, "MAX_SNOOZES")
+    if item.snoozes >= limit:
+        error = f"snoozed {item.snoozes} times, the queue's MAX_SNOOZES; this one is an attempt"
+        return retry(item, error, wait, error_class="django_txqueue.Snooze")
+    changes = {**UNCLAIMED, "run_at": now_plus(wait), "snoozes": F("snoozes") + 1}
+    return _settle_if_held(item, Status.READY, attempts=F("attempts") - 1, **changes)
+
+
 def fail(item: QueueModel, error: str | None = None, *, error_class: str = "") -> bool:
     """Mark the item FAILED (keeping ``error`` where the model has room for it)."""
     if not has_field(type(item), "last_error"):

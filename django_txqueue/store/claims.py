@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import functools
 import secrets
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.signals import setting_changed
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 from django.dispatch import receiver
 
 from .. import conf
@@ -20,8 +21,10 @@ from ..db import dialect, dialect_for
 from ..db.acks import Ack, ack_statement
 from ..db.base import Uncounted
 from ..db.compiler import ClaimStatement, ClaimValues
+from ..status import Status
 from ..validation import to_timedelta, validate_pid
 from .acks import ack_many, ack_waited_for
+from .bounds import lock_bound
 from .conflicts import retrying_conflicts
 from .consumers import consumer_identity
 
@@ -146,6 +149,42 @@ def ack_and_claim(
         # does not stop with them READY.
         items = claim(statement, pid=pid, strategy=resolved, lease=lease)
     return acked + waited_for, items
+
+
+def claim_capped(
+    statement: Callable[[int], ClaimStatement],
+    queue: str,
+    cap: int,
+    limit: int,
+    bound_model: type[Model],
+    **options: Any,
+) -> list[Any]:
+    """``claim`` of at most ``limit`` items of ``queue``, which runs at most ``cap`` at
+    once across every consumer (``MAX_IN_FLIGHT``): under its bound row's lock (as a
+    bounded queue's producers take it), its running items are counted and the claim
+    takes no more than the places left. Claims of the queue take turns; its other
+    statements do not wait. ``statement(n)``: the queue's claim of n items."""
+    alias = statement(1).alias
+    return retrying_conflicts(
+        _claim_capped, alias, statement, queue, cap, limit, bound_model, options
+    )
+
+
+def _claim_capped(
+    statement: Callable[[int], ClaimStatement],
+    queue: str,
+    cap: int,
+    limit: int,
+    bound_model: type[Model],
+    options: dict[str, Any],
+) -> list[Any]:
+    first = statement(1)
+    with transaction.atomic(using=first.alias):
+        lock_bound(bound_model, queue, first.alias)
+        rows = first.model._base_manager.using(first.alias)
+        running = rows.filter(queue=queue, status=Status.IN_PROGRESS).count()
+        places = min(limit, cap - running)
+        return claim(statement(places), **options) if places > 0 else []
 
 
 def queues_with_due_items(model: type[Model], alias: str, names: list[str]) -> set[str]:

@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
-from django.utils import timezone
 
-from ..db import dialect_for
 from ..db.inserts import Inserts, insert_or_ignore, inserts
 from ..exceptions import QueueFull
 from ..status import Status
 from . import fairness, flows
+from .bounds import lock_bound
 from .conflicts import delete_retrying, retrying_conflicts
 
 if TYPE_CHECKING:
@@ -254,7 +253,7 @@ def lock_and_count(model: type[QueueItem], queue: str, bounds: type[Model], usin
     its insert commits: producers of this queue take turns, whatever the database. Only
     enqueues add unfinished items, and they all take this lock first; consumers
     finishing items only lower the count and need no lock. Lock order is always the
-    bound row, then items; a claim never takes the bound row.
+    bound row, then items (a claim of a ``MAX_IN_FLIGHT`` queue takes it too, first).
     """
     lock_bound(bounds, queue, using)
     # An OR of equalities, which PostgreSQL matches to the partial indexes (not so IN).
@@ -262,22 +261,6 @@ def lock_and_count(model: type[QueueItem], queue: str, bounds: type[Model], usin
     unfinished = Q(status=Status.READY) | Q(status=Status.IN_PROGRESS) | Q(status=Status.WAITING)
     items = model._default_manager.using(using).filter(unfinished, queue=queue)
     return int(items.count())
-
-
-def lock_bound(bounds: type[Model], queue: str, using: str) -> None:
-    """Create ``queue``'s row of ``bounds``, or lock it if it exists, in one statement.
-
-    An upsert rather than "SELECT ... FOR UPDATE, INSERT if missing": producers racing
-    to create the row would otherwise hold shared locks on InnoDB (INSERT IGNORE) and
-    deadlock upgrading them, and on SQLite it takes the writer lock at once, before the
-    count.
-    """
-    bounds._default_manager.using(using).bulk_create(
-        [bounds(queue=queue, locked_at=timezone.now())],
-        update_conflicts=True,
-        unique_fields=dialect_for(using).upsert_target(["queue"]),
-        update_fields=["locked_at"],
-    )
 
 
 def insert(item: QueueItem, using: str) -> QueueItem:

@@ -29,7 +29,7 @@ from django.utils.module_loading import import_string
 
 from ..api import Queue, default_database, enqueue, home_database, refuse_other_transaction
 from ..consumer import registry
-from ..exceptions import NotJSONSerializable
+from ..exceptions import NotJSONSerializable, Snooze
 from ..models import QueueItem, Status
 from ..validation import queue_name_problem
 
@@ -301,6 +301,8 @@ def run_task(item: QueueItem) -> Any:
         else:
             value = task.call(*args, **kwargs)
         value = json_value(value, f"return value of task {task.module_path}", NotJSONSerializable)
+    except Snooze:  # not finished: it runs again later, and reports then
+        raise
     except BaseException as exc:  # SystemExit too: the consumer records it as a failure
         finish(result, "FAILED", error=exc)
         task_finished.send(sender, task_result=result)

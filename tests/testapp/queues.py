@@ -105,3 +105,14 @@ def cancellable(item):
             return "stopped"
         time.sleep(0.02)
     return "finished"
+
+
+LEAKED = []  # what the "leaky" handler never lets go of
+
+
+@handler("leaky")
+def leaky(item):
+    """Leaks 10 MB per item, touched so that it is resident (a C extension's leak, say)."""
+    Run.objects.create(item_id=item.pk, consumer=item.pid)
+    LEAKED.append(bytearray(10 * 2**20))
+    time.sleep(0.05)

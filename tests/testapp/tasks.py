@@ -32,6 +32,13 @@ def builtin_boom() -> None:
     raise ValueError("bad value")
 
 
+@task
+def not_yet() -> None:
+    from django_txqueue import Snooze
+
+    raise Snooze(60)
+
+
 @task(takes_context=True)
 def attempt_info(context: Any, x: int) -> dict[str, Any]:
     return {"attempt": context.attempt, "id": context.task_result.id, "x": x}

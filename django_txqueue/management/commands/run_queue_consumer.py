@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ... import conf
 from ...consumer import registry
 from ...consumer.readiness import missing_tables, wait_for_database
+from ...consumer.recycling import Recycling, tell_supervisor
 from ...consumer.supervisor import Supervisor, child_argv
 from ...consumer.worker import Progress, Worker
 from ...observe import metrics
@@ -76,6 +77,12 @@ def placement(
     return placed
 
 
+def recycling(options: dict[str, Any]) -> Recycling | None:
+    """``--max-items``, ``--max-memory`` and ``--max-age``, if any is given."""
+    limits = Recycling(options["max_items"], options["max_memory"], options["max_age"])
+    return None if limits == Recycling() else limits
+
+
 class Command(BaseCommand):
     help = (
         "Consume queues: run their handlers until stopped (SIGTERM/SIGINT/SIGHUP: graceful). "
@@ -127,6 +134,23 @@ class Command(BaseCommand):
             default="0.0.0.0",  # noqa: S104 - scraped from another host or pod, as usual
             help="Address the metrics endpoint listens on (default 0.0.0.0: every interface).",
         )
+        parser.add_argument(
+            "--max-items",
+            type=positive_int,
+            help="Recycle: claim N items, run them, exit 0 (replaced under --processes).",
+        )
+        parser.add_argument(
+            "--max-memory",
+            type=positive_seconds,
+            metavar="MB",
+            help="Recycle once the process's resident memory reaches MB megabytes.",
+        )
+        parser.add_argument(
+            "--max-age",
+            type=positive_seconds,
+            metavar="SECONDS",
+            help="Recycle once the process has run SECONDS seconds.",
+        )
         # Given by the supervisor to its children: record metrics for it to serve.
         parser.add_argument("--metrics-child", action="store_true", help=SUPPRESS)
 
@@ -165,6 +189,7 @@ class Command(BaseCommand):
                 shutdown_timeout=options["shutdown_timeout"],
                 discover=discover,
                 on_progress=self.show_progress if options["verbosity"] >= 1 else None,
+                recycling=recycling(options),
             )
         # Signals stop the wait for the database too (the supervisor installs its own after).
         stopping = threading.Event() if worker is None else worker.stopping
@@ -174,6 +199,8 @@ class Command(BaseCommand):
         if worker is not None:
             self.start_metrics(options)
             code = worker.run()
+            if worker.recycled is not None:  # logged by the worker
+                tell_supervisor(worker.recycled)
         else:
             code = 0 if stopping.is_set() else self.supervise(options)
         if code:

@@ -1,0 +1,113 @@
+"""Limits (docs/limits.md) with real consumer processes, as a user runs them:
+``run_queue_consumer --processes 2 --max-items 100`` drains 1,000 items, every one DONE
+once, in ten recycled children; ``--max-memory`` stops a process whose handler leaks
+before it grows further; ``MAX_IN_FLIGHT`` holds across processes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from django_txqueue import Queue, Status
+from django_txqueue.models import Consumer
+from tests.helpers import ROOT, child_env, kill_tree, runs_per_item
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+FAST = {"HEARTBEAT_INTERVAL": 0.2, "POLL_INTERVAL": 0.5, "CONSUMER_TIMEOUT": 5}
+
+
+def start(tmp_path, *args, settings=None):
+    """Start ``run_queue_consumer ARGS -v 2``, logging to a file of its own."""
+    log = tmp_path / f"consumer{len(list(tmp_path.glob('*.err')))}.err"
+    with log.open("wb") as err:
+        process = subprocess.Popen(  # noqa: S603 - our own command line
+            [sys.executable, "-m", "django", "run_queue_consumer", *args, "-v", "2"],
+            env={**child_env(), "TXQUEUE_TEST_SETTINGS": json.dumps({**FAST, **(settings or {})})},
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    process.log = log
+    return process
+
+
+def finish(process, timeout=180):
+    """Wait for a started consumer to end: its exit code and its log."""
+    try:
+        code = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(process)
+        pytest.fail(f"still running after {timeout} s:\n{process.log.read_text()}")
+    return code, process.log.read_text()
+
+
+def consume(tmp_path, *args, timeout=180):
+    """Run ``run_queue_consumer ARGS -v 2`` to its end: its exit code and its log."""
+    return finish(start(tmp_path, *args), timeout)
+
+
+def test_max_items_under_two_processes_recycles_ten_children_and_runs_each_item_once(
+    tmp_path,
+):
+    Queue("echo").enqueue_many([{"n": n} for n in range(1000)])
+    ids = set(Queue("echo").items.values_list("pk", flat=True))
+
+    code, log = consume(
+        tmp_path, "echo", "--processes", "2", "--max-items", "100", "--batch", "10", "--burst"
+    )
+
+    assert code == 0, log
+    done = Queue("echo").items.filter(status=Status.DONE, attempts=1)
+    assert set(done.values_list("pk", flat=True)) == ids
+    assert runs_per_item() == dict.fromkeys(ids, 1)
+    assert log.count("recycled (max-items: claimed 100 items") == 10, log
+    # Ten children ran a hundred items each; those started after ran none.
+    processed = sorted(Consumer.objects.values_list("processed", flat=True), reverse=True)
+    assert processed[:10] == [100] * 10 and not any(processed[10:])
+
+
+def test_max_memory_stops_a_leaking_consumer_with_nothing_lost(tmp_path):
+    Queue("leaky").enqueue_many([{"n": n} for n in range(60)])  # 10 MB leaked per item
+
+    code, log = consume(tmp_path, "leaky", "--max-memory", "250", "--batch", "2", "--burst")
+
+    assert code == 0, log
+    assert "recycling (max-memory:" in log, log
+    items = Queue("leaky").items
+    done = items.filter(status=Status.DONE)
+    assert 0 < done.count() < 60
+    assert set(done.values_list("attempts", flat=True)) == {1}
+    assert set(items.exclude(status=Status.DONE).values_list("status", "attempts")) == {
+        (Status.READY, 0)
+    }
+    assert set(runs_per_item().values()) == {1}
+
+
+def most_at_once(items):
+    """The most of ``items`` held at one moment, from each one's claim to its end, by the
+    database's clock."""
+    events = sorted(
+        [(item.claimed_at, 1) for item in items] + [(item.finished_at, -1) for item in items]
+    )
+    held = most = 0
+    for _, change in events:  # an end before a claim at the same instant
+        held += change
+        most = max(most, held)
+    return most
+
+
+def test_max_in_flight_holds_across_three_processes(tmp_path):
+    Queue("slow").enqueue_many([{"seconds": 0.2} for _ in range(20)])
+    capped = {"QUEUES": {"slow": {"MAX_IN_FLIGHT": 2}}}
+    procs = [
+        start(tmp_path, "slow", "--concurrency", "2", "--burst", settings=capped) for _ in range(3)
+    ]
+    for process in procs:
+        code, log = finish(process)
+        assert code == 0, log
+    items = list(Queue("slow").items.filter(status=Status.DONE))
+    assert len(items) == 20
+    assert most_at_once(items) == 2  # never more, and the cap was used
