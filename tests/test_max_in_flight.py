@@ -1,14 +1,18 @@
 """``MAX_IN_FLIGHT`` (docs/limits.md): at most N items of a queue running at once, across
 every consumer; claims take no more than the places left."""
 
+import io
 import threading
 import time
 
 import pytest
+from django.core.management import call_command
 
 from django_txqueue import Status
 from django_txqueue.checks import check_settings
 from django_txqueue.consumer.worker import Worker
+
+from .test_admin import DASHBOARD
 
 LONG = 600
 
@@ -64,3 +68,17 @@ def test_max_in_flight_is_checked(settings):
     assert found == [
         "TXQUEUE['QUEUES']['sms']['MAX_IN_FLIGHT'] is 0; it must be None or a positive integer."
     ]
+
+
+@pytest.mark.django_db
+def test_the_cap_and_its_use_are_shown(capped, admin_client):
+    capped.enqueue_many([{"n": n} for n in range(3)])
+    capped.claim(1, pid="a", lease=LONG)
+    assert capped.stats()["max_in_flight"] == 2
+    out = io.StringIO()
+    call_command("txqueue_stats", capped.name, stdout=out)
+    assert f"{capped.name}: 1 in progress of MAX_IN_FLIGHT 2" in out.getvalue()
+    page = admin_client.get(DASHBOARD).content.decode()
+    row = page[page.index(f'data-queue="{capped.name}"') :]
+    cell = row[row.index('data-column="in_progress"') : row.index('data-column="waiting"')]
+    assert ">1</a>" in cell and 'title="MAX_IN_FLIGHT">/ 2</span>' in cell

@@ -58,6 +58,8 @@ class QueueRow:
     done_last_hour: int = 0
     failed_last_hour: int = 0
     paused: bool = False
+    # At most this many running at once (MAX_IN_FLIGHT, docs/limits.md); None: no cap.
+    max_in_flight: int | None = None
     # DONE items, exact up to EXACT_DONE_UP_TO, past that the planner's estimate: read by
     # ``gauges`` only (the dashboard shows the last hour's instead).
     done: int = 0
@@ -109,6 +111,7 @@ def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
         row(stuck["queue"]).stuck = stuck["n"]
 
     for queue in rows.values():  # one query per fair or ordered queue
+        queue.max_in_flight = conf.queue_option(queue.name, "MAX_IN_FLIGHT")
         if fairness.needs_key(queue.name):
             queue.keys = fairness.key_stats(items.filter(queue=queue.name, status=Status.READY))
 
@@ -313,8 +316,8 @@ def duration(span: dt.timedelta) -> str:
 
 def queue_stats(name: str, items: QueueItemQuerySet) -> dict[str, Any]:
     """``Queue.stats()``: counts per status, stuck items, how long the oldest due item has
-    waited, whether the queue is paused, and for a fair or ordered queue ``keys_waiting``
-    and ``top_keys``.
+    waited, whether the queue is paused, for a capped queue ``max_in_flight``, and for a
+    fair or ordered queue ``keys_waiting`` and ``top_keys``.
 
     Never reads all the finished rows: READY, IN_PROGRESS, WAITING, FAILED and CANCELLED
     items are counted exactly from their indexes; DONE items exactly up to
@@ -342,6 +345,8 @@ def queue_stats(name: str, items: QueueItemQuerySet) -> dict[str, Any]:
         "oldest_ready_age_s": max(waited.total_seconds(), 0.0) if waited else 0.0,
         "paused": QueuePause.objects.using(items.db).filter(queue=name).exists(),
     }
+    if (cap := conf.queue_option(name, "MAX_IN_FLIGHT")) is not None:
+        stats["max_in_flight"] = cap  # a capped queue's (docs/limits.md)
     if fairness.needs_key(name):
         stats.update(fairness.key_stats(items.filter(status=Status.READY)))
     return stats

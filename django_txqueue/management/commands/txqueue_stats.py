@@ -46,6 +46,11 @@ class Command(BaseCommand):
             if paused := [stat["queue"] for stat in stats if stat["paused"]]:
                 self.stdout.write(f"Paused: {', '.join(paused)}")
             for stat in stats:
+                if "max_in_flight" in stat:
+                    self.stdout.write(
+                        f"{stat['queue']}: {stat['in_progress']} in progress of "
+                        f"MAX_IN_FLIGHT {stat['max_in_flight']}"
+                    )
                 if "keys_waiting" in stat:
                     self.stdout.write(keys_line(stat))
 
