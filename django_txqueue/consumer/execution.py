@@ -144,11 +144,7 @@ def run_atomic(handle: registry.Handler, item: QueueItem) -> tuple[Any, bool]:
     with transaction.atomic(using=alias):
         result = checked_result(handle(item), item)
         token = item.claim_token or 0
-        ack = store.Ack(
-            token,
-            {item.pk: result},
-            {item.pk: item.dependent_count} if item.dependent_count else None,
-        )
+        ack = store.Ack(token, {item.pk: result}, store.claimed_dependents([item]))
         acknowledged = store.ack_many(QueueItem, alias, ack) == 1
         if not acknowledged:
             transaction.set_rollback(True, using=alias)

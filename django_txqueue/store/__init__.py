@@ -19,7 +19,7 @@ Callers use the names re-exported here (``store.ack``, ``store.claim``...), and
 ``store.Ack``, what a settled batch must acknowledge (``db.acks``).
 """
 
-from ..db.acks import Ack
+from ..db.acks import Ack, claimed_dependents
 from .acks import (
     ack,
     ack_many,
@@ -99,6 +99,7 @@ __all__ = [
     "mark_done",
     "ack_many",
     "Ack",
+    "claimed_dependents",
     "retry",
     "fail",
     "release",

@@ -162,8 +162,9 @@ def claim_capped(
     """``claim`` of at most ``limit`` items of ``queue``, which runs at most ``cap`` at
     once across every consumer (``MAX_IN_FLIGHT``): under its bound row's lock (as a
     bounded queue's producers take it), its running items are counted and the claim
-    takes no more than the places left. Claims of the queue take turns; its other
-    statements do not wait. ``statement(n)``: the queue's claim of n items."""
+    takes no more than the places left. Claims of the queue take turns, and a bounded
+    queue's producers (the same lock) wait for that short transaction; acknowledgements
+    and other queues' claims do not. ``statement(n)``: the queue's claim of n items."""
     alias = statement(1).alias
     return retrying_conflicts(
         _claim_capped, alias, statement, queue, cap, limit, bound_model, options

@@ -95,7 +95,7 @@ def add_edges(
     locked by ``waiting_values``), and the parents' ``dependent_count`` counted up by them."""
     if any(item.pk is None for item in items):
         read_back_pks(model, using, items)
-    insert_edges(model, using, [(item.pk, parent) for item in items for parent in parents])
+    insert_edges(model, using, [[item.pk, parent] for item in items for parent in parents])
     more = F("dependent_count") + len(items)
     model._base_manager.using(using).filter(pk__in=parents).update(dependent_count=more)
 
@@ -106,21 +106,20 @@ def add_flow_edges(
     """The edges of a flow written at once: from each item to each of its ``parents``
     (indices into ``items``)."""
     pairs = [
-        (item.pk, items[parent].pk)
+        [item.pk, items[parent].pk]
         for item, waits_for in zip(items, parents, strict=True)
         for parent in waits_for
     ]
     insert_edges(model, using, pairs)
 
 
-def insert_edges(model: type[QueueItem], using: str, pairs: list[tuple[Any, Any]]) -> None:
-    """Insert the edges ``pairs`` ((item, parent) primary keys) by the enqueue's own cached
+def insert_edges(model: type[QueueItem], using: str, pairs: list[list[Any]]) -> None:
+    """Insert the edges ``pairs`` ([item, parent] primary keys) by the enqueue's own cached
     INSERT (``db.inserts``): ``bulk_create`` builds an instance per edge, compiles its
     statement and converts each value, which cost a 1,000-step group more than its items'
     INSERT."""
     if pairs:
-        rows = [[item, parent] for item, parent in pairs]
-        inserts(edges_of(model), using).insert_values(["item_id", "parent_id"], rows)
+        inserts(edges_of(model), using).insert_values(["item_id", "parent_id"], pairs)
 
 
 def read_back_pks(model: type[QueueItem], using: str, items: list[QueueItem]) -> None:
