@@ -16,6 +16,7 @@ from .validation import (
     INT_RANGE,
     MAX_LABEL,
     check_json,
+    parse_rate,
     queue_name_problem,
     validate_int,
     validate_label,
@@ -28,6 +29,14 @@ def _positive_number(value: Any) -> bool:
 
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _rate(value: Any) -> bool:
+    try:
+        parse_rate(value)
+    except ValueError:
+        return False
+    return True
 
 
 # A century: beyond any real retention, and within every vendor's date arithmetic.
@@ -93,6 +102,11 @@ VALUE_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "MAX_IN_FLIGHT_PER_KEY": (
         lambda v: v is None or _positive_int(v),
         "None or a positive integer",
+    ),
+    "RATE_LIMIT": (lambda v: v is None or _rate(v), "None or a rate such as '50/s', '10/m'"),
+    "RATE_LIMIT_PER_KEY": (
+        lambda v: v is None or _rate(v),
+        "None or a rate such as '50/s', '10/m'",
     ),
 }
 

@@ -79,6 +79,10 @@ QUEUE_KEYS: dict[str, str | None] = {
     # At most this many of the queue's items running at once, across every consumer
     # (docs/limits.md).
     "MAX_IN_FLIGHT": None,
+    # At most N items claimed in any second, minute or hour ("N/s", "N/m", "N/h"), across
+    # every consumer: the queue's, and each key's (docs/limits.md).
+    "RATE_LIMIT": None,
+    "RATE_LIMIT_PER_KEY": None,
     "DATABASE": "DATABASE",
     # What a rescue does with a stuck item: "retry" (READY again) or "fail" (FAILED at once,
     # for work that must never run twice).

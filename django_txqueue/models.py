@@ -234,6 +234,41 @@ class QueueBound(models.Model):
         return self.queue
 
 
+class QueueRate(models.Model):
+    """The claims counted against one rate limit (docs/limits.md): a queue's own
+    (``RATE_LIMIT``, ``key`` empty) or one key's (``RATE_LIMIT_PER_KEY``), created by the
+    first claim under it.
+
+    A claim of a rate-limited queue locks the row, counts the items claimed in the last
+    period, claims no more than the budget left and records its own, in one transaction:
+    claims under one limit take turns, and the budget is exact across every consumer.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=MAX_QUEUE_NAME)
+    per_key = models.BooleanField(default=False)
+    key = models.CharField(max_length=MAX_LABEL, blank=True, default="")
+    # [[microseconds since the epoch by the database clock, items], ...], oldest first:
+    # the claims of the last period but the newest, which ``last_at`` holds.
+    claims = models.JSONField(default=list)
+    # The newest claim, timed by the database in the statement that records it, after
+    # the claim's own: never earlier than the items' ``claimed_at``.
+    last_at = models.DateTimeField(null=True)
+    last_items = models.PositiveIntegerField(default=0)
+    # While no budget is left: when the oldest claim counted leaves the period. A claim
+    # of a per-key limited queue passes over the keys whose row says so.
+    full_until = models.DateTimeField(null=True)
+
+    class Meta:
+        verbose_name = "queue rate"
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "per_key", "key"], name="txqueue_rate_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue} [{self.key}]" if self.per_key else self.queue
+
+
 class QueueQuerySet(models.QuerySet[_M]):
     """Claims and the states of a queue table, for any QueueModel."""
 

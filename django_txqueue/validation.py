@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,6 +23,38 @@ MAX_LABEL = 255  # key and dedup_key
 INT_RANGE = (-(2**31), 2**31 - 1)
 # What an item does when an item it waits for fails: end CANCELLED, or run anyway.
 AFTER_FAILURE = ("cancel", "run")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A rate limit: at most ``limit`` claims in any ``period`` seconds."""
+
+    limit: int
+    period: int
+
+    def __str__(self) -> str:
+        return f"{self.limit}/{_PERIOD_NAMES[self.period]}"
+
+    @property
+    def per(self) -> str:
+        """The period in words: "a second", "a minute", "an hour"."""
+        return {1: "a second", 60: "a minute", 3600: "an hour"}[self.period]
+
+
+_PERIODS = {"s": 1, "m": 60, "h": 3600}
+_PERIOD_NAMES = {seconds: name for name, seconds in _PERIODS.items()}
+_RATE = re.compile(r"\s*([0-9]+)\s*/\s*([smh])\s*")
+
+
+@functools.cache
+def parse_rate(value: str) -> Rate:
+    """``"50/s"``, ``"10/m"``, ``"1000/h"`` as a ``Rate``; a ValueError names the problem."""
+    match = _RATE.fullmatch(value) if isinstance(value, str) else None
+    if match is None or int(match[1]) < 1:
+        raise ValueError(
+            f"a rate limit is 'N/s', 'N/m' or 'N/h' with N a positive integer, got {value!r}"
+        )
+    return Rate(int(match[1]), _PERIODS[match[2]])
 
 
 def queue_name_problem(name: Any) -> str | None:

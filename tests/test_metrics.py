@@ -48,6 +48,7 @@ GAUGES = {
     "txqueue_oldest_ready_age_seconds",
     "txqueue_live_consumers",
     "txqueue_paused",
+    "txqueue_rate_limited_items",
 }
 METRICS = COUNTERS | HISTOGRAMS | GAUGES
 RECYCLE_REASONS = {"max-items", "max-memory", "max-age"}
@@ -229,6 +230,26 @@ def staff(client, *, permission=True, is_staff=True):
     if permission:
         user.user_permissions.add(Permission.objects.get(codename="view_queueitem"))
     client.force_login(user)
+
+
+def test_items_held_back_by_a_rate_limit_are_a_gauge(client, db, settings):
+    settings.TXQUEUE = {
+        **settings.TXQUEUE,
+        "QUEUES": {"sms": {"RATE_LIMIT": "2/m"}, "calls": {"RATE_LIMIT_PER_KEY": "1/m"}},
+    }
+    Queue("sms").enqueue_many([{"n": n} for n in range(5)])
+    Queue("calls").enqueue_many([{"n": n} for n in range(3)], key="alice")
+    Queue("calls").enqueue_many([{"n": n} for n in range(2)], key="bob")
+    Queue("echo").enqueue({"n": 1})
+    staff(client)
+    found = samples(client.get("/txqueue/metrics").content.decode())
+    assert value(found, "txqueue_rate_limited_items", queue="sms") == 0  # nothing spent yet
+    assert len(Queue("sms").claim(10, pid="a")) == 2
+    assert len(Queue("calls").claim(10, pid="a")) == 2  # alice's first, bob's first
+    found = samples(client.get("/txqueue/metrics").content.decode())
+    assert value(found, "txqueue_rate_limited_items", queue="sms") == 3
+    assert value(found, "txqueue_rate_limited_items", queue="calls") == 3
+    assert value(found, "txqueue_rate_limited_items", queue="echo") == 0
 
 
 def test_the_view_serves_staff_with_the_view_permission(client, filled):

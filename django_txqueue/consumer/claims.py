@@ -24,12 +24,13 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import Exists
+from django.db.models import Exists, OuterRef
+from django.db.models.functions import Now
 
-from .. import conf, store
+from .. import store
 from ..db import dialect_for
 from ..db.compiler import ClaimStatement
-from ..models import QueueBound, QueuePause
+from ..models import QueueBound, QueuePause, QueueRate
 from ..store import fairness
 
 if TYPE_CHECKING:
@@ -51,8 +52,19 @@ class Claims:
         self.name = name
         self.items = items
         self._statements: dict[int, ClaimStatement] = {}  # compiled once per batch size
-        # MAX_IN_FLIGHT, read once: a claim of a capped queue counts what runs first.
-        self.cap: int | None = conf.queue_option(name, "MAX_IN_FLIGHT")
+        # MAX_IN_FLIGHT and the rate limits, read once (docs/limits.md).
+        self.limits = store.Limits.of(name)
+        self.limited = bool(self.limits)
+        self.rate_limited = self.limits.rate is not None or self.limits.per_key is not None
+        # RATE_LIMIT: this process's grants of the queue's budget, which its claims spend.
+        self.allowance = (
+            None
+            if self.limits.rate is None
+            else store.Allowance(QueueRate, name, self.limits.rate, items.db)
+        )
+        # After a claim that a spent rate budget held back: when it has room again
+        # (time.monotonic()); 0.0 otherwise.
+        self.held_until = 0.0
 
     @property
     def claimable(self) -> QueueItemQuerySet:
@@ -61,6 +73,11 @@ class Claims:
         while the queue is paused."""
         limit = fairness.in_flight_limit(self.name)
         items = self.items if limit is None else fairness.in_key_order(self.items, limit)
+        if self.limits.per_key is not None:  # past the keys whose budget is spent
+            spent = QueueRate.objects.filter(
+                queue=self.name, per_key=True, key=OuterRef("key"), full_until__gt=Now()
+            )
+            items = items.filter(~Exists(spent))
         # The claim reads the pause flag in its own statement: a paused queue is never
         # claimed, by consumers or by anyone's claim(), with no query of its own. An
         # uncorrelated NOT EXISTS: PostgreSQL evaluates it once per statement (a one-time
@@ -88,19 +105,17 @@ class Claims:
         after: tuple[Any, ...] | None = None,
     ) -> list[QueueItem]:
         """Claim up to ``limit`` due items (``store.claim``); ``after``: only those that
-        sort after it (``resume_key``). A queue with ``MAX_IN_FLIGHT`` takes no more than
-        its places left (``store.claim_capped``)."""
+        sort after it (``resume_key``). A queue with ``MAX_IN_FLIGHT`` or a rate limit
+        takes no more than its places or budget left (``store.claim_limited``)."""
         options: dict[str, Any] = {
             "pid": pid,
             "strategy": strategy,
             "lease": lease,
             "after": after,
         }
-        if self.cap is None:
+        if not self.limited:
             return store.claim(self.statement(limit), **options)
-        return store.claim_capped(
-            self.statement, self.name, self.cap, limit, QueueBound, **options
-        )
+        return self._claim_limited(None, limit, options)[1]
 
     def ack_and_claim(
         self,
@@ -114,19 +129,49 @@ class Claims:
     ) -> tuple[int, list[QueueItem]]:
         """Acknowledge ``ack``, items of one claim (of any queue; None: none), then claim as
         ``claim`` does; together where the database allows (``store.ack_and_claim``).
-        Returns how many were acknowledged and the claimed items. The consumer's loop.
-        A queue with ``MAX_IN_FLIGHT`` acknowledges first: its claim counts what runs."""
-        if self.cap is not None:
-            acked = 0 if ack is None else store.ack_many(self.items.model, self.items.db, ack)
-            return acked, self.claim(limit, pid=pid, strategy=strategy, lease=lease, after=after)
-        return store.ack_and_claim(
-            self.statement(limit),
-            ack,
-            pid=pid,
-            strategy=strategy,
-            lease=lease,
-            after=after,
-        )
+        Returns how many were acknowledged and the claimed items. The consumer's loop."""
+        options: dict[str, Any] = {"pid": pid, "strategy": strategy, "lease": lease}
+        if not self.limited:
+            return store.ack_and_claim(self.statement(limit), ack, after=after, **options)
+        return self._claim_limited(ack, limit, {**options, "after": after})
+
+    def _claim_limited(
+        self, ack: Ack | None, limit: int, options: dict[str, Any]
+    ) -> tuple[int, list[QueueItem]]:
+        """``ack_and_claim`` of a limited queue: no more than the grant of its RATE_LIMIT
+        allows (``store.Allowance``), then, with a cap or a rate per key, in a transaction
+        that counts them (``store.claim_limited``), the acknowledgement made first; else
+        the plain claim, the acknowledgement riding with it."""
+        allowance, held_until = self.allowance, 0.0
+        asked = limit if allowance is None else allowance.take(limit)
+        if allowance is not None and not asked:
+            held_until = allowance.held_until
+        if self.limits.cap is None and self.limits.per_key is None:  # RATE_LIMIT alone
+            if asked:
+                acked, items = store.ack_and_claim(self.statement(asked), ack, **options)
+            else:
+                acked, items = (0 if ack is None else self._ack(ack)), []
+        else:
+            acked, items = (0 if ack is None else self._ack(ack)), []
+            if asked:
+                items, held_for = store.claim_limited(
+                    self.statement,
+                    self.name,
+                    self.limits,
+                    asked,
+                    bounds=QueueBound,
+                    rates=QueueRate,
+                    **options,
+                )
+                if held_for is not None:
+                    held_until = time.monotonic() + held_for
+        if allowance is not None and asked:
+            allowance.spent(asked, len(items))
+        self.held_until = held_until
+        return acked, items
+
+    def _ack(self, ack: Ack) -> int:
+        return store.ack_many(self.items.model, self.items.db, ack)
 
     @property
     def resume_key(self) -> Callable[[QueueItem], tuple[Any, ...]] | None:
@@ -199,11 +244,18 @@ class Claimer:
         pid: str,
         strategy: str = "auto",
         lease: float | timedelta | None = None,
+        held: dict[str, float] | None = None,
     ) -> None:
         self.queues = queues
+        # Rate-limited queues whose last claim a spent budget held back: when each has
+        # room again (time.monotonic()), for the rotation to pass them over until then.
+        self.held = {} if held is None else held
         self.options: dict[str, Any] = {"pid": pid, "strategy": strategy, "lease": lease}
         self.resumes: dict[str, Resume] = {}
         self.limit = 0
+        # At most this many of a rate-limited queue's items (the batch's room without the
+        # claim-ahead: none are claimed before they can start); None: ``limit``.
+        self.free: int | None = None
         self.ride: Ack | None = None
         self.acknowledged: int | None = None
 
@@ -213,8 +265,16 @@ class Claimer:
         resume = self.resumes.get(name)
         if resume is None:
             resume = self.resumes[name] = Resume(self.queues[name].claims)
+        limit = self.limit
+        if self.free is not None and resume.claims.rate_limited:
+            limit = min(limit, self.free)
+            if limit <= 0:  # no room but the claim-ahead's: claimed once there is,
+                self.held[name] = time.monotonic()  # not idle meanwhile
+                return []
         ack, self.ride = self.ride, None
-        acknowledged, items = resume.ack_and_claim(ack, self.limit, **self.options)
+        acknowledged, items = resume.ack_and_claim(ack, limit, **self.options)
+        if resume.claims.rate_limited:
+            self.held[name] = resume.claims.held_until
         if ack is not None:
             self.acknowledged = acknowledged
         return items

@@ -13,6 +13,9 @@
   timed-out wait, when their POLL_INTERVAL runs out) are looked at together first, one
   statement for all (``store.queues_with_due_items``), and only those with due items are
   claimed: an idle consumer serving 50 queues sent 50 empty claims every POLL_INTERVAL.
+- A rate-limited queue whose budget is spent (its claim says until when) is held: passed
+  over, wake-ups or not, until its budget has room again, and then claimed at once
+  (``held``: the consumer's wait ends then).
 - The ``on_commit`` calls whose committing process did not run them (``outbox``): looked
   for at start, whenever the other queues are idle, and at least every POLL_INTERVAL,
   not on every turn of a busy loop.
@@ -62,6 +65,9 @@ class Rotation:
         self._next = 0  # position of the named queue to try first
         # Idle queues: when each is claimed again unless woken first (monotonic).
         self.idle: dict[str, float] = {}
+        # Rate-limited queues whose budget is spent: when each has room again (monotonic),
+        # as their claims said (``Claimer.held``, the same dict).
+        self.held: dict[str, float] = {}
         # The last ``first_to_give`` passed over an idle queue: it did not claim from all.
         self.passed_over = False
         # Queues found with ready items and a handler (``discover_new``), until the
@@ -91,21 +97,28 @@ class Rotation:
         outbox_due = now >= self._outbox_due
         if outbox_due and (items := self._claim_outbox(claim)):
             return items
-        names, idle = self.woken_for(), self.idle
+        names, idle, held = self.woken_for(), self.idle, self.held
         looked = self._look(now) if self.probe is not None else set()
         self.passed_over = False
         for offset in range(len(names)):
             position = (self._next + offset) % len(names)
             name = names[position]
+            if held and held.get(name, now) > now:
+                self.passed_over = True
+                continue
             if idle and idle.get(name, now) > now:
                 # Found without due items just now counts as claimed from, not passed over.
                 self.passed_over = self.passed_over or name not in looked
                 continue
-            if items := claim(name):
+            items = claim(name)
+            if room := held.get(name):  # until its budget has room: not idle, not drained
+                self.passed_over = self.passed_over or not items
+            if items:
                 idle.pop(name, None)
                 self._next = (position + 1) % len(names)
                 return items
-            idle[name] = now + conf.get("POLL_INTERVAL")
+            if not room:
+                idle[name] = now + conf.get("POLL_INTERVAL")
         return [] if outbox_due else self._claim_outbox(claim)
 
     def _look(self, now: float) -> set[str]:

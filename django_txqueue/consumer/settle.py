@@ -85,10 +85,11 @@ class Settler:
         return self.settle_and_claim(arrived, room=None)[0]
 
     def settle_and_claim(
-        self, arrived: list[Outcome], *, room: int | None
+        self, arrived: list[Outcome], *, room: int | None, free: int | None = None
     ) -> tuple[list[Outcome], list[QueueItem]]:
         """Write what ``arrived`` came to, and claim up to ``room`` more items than the
-        acknowledged successes free (at most ``batch``) from the rotation's queues: one
+        acknowledged successes free (at most ``batch``, and of a rate-limited queue at
+        most ``free``, the room without the claim-ahead) from the rotation's queues: one
         claim's successes ride with that claim (``room`` None: no claim). Returns the
         outcomes now settled (and those settled before an earlier call raised) and the
         claimed items."""
@@ -128,7 +129,7 @@ class Settler:
             # the claim, which may retake an item (a receiver reads the row as settled).
             self._settled(settled)
         if claiming and room is not None:
-            claimed = self._claim(room, riding, settled)
+            claimed = self._claim(room, riding, settled, free)
             if riding is not None:
                 self._settled(riding[1])
             if signals.item_claimed in self.heard:
@@ -141,7 +142,11 @@ class Settler:
         return taken, claimed
 
     def _claim(
-        self, room: int, riding: tuple[int, list[Outcome]] | None, settled: list[Outcome]
+        self,
+        room: int,
+        riding: tuple[int, list[Outcome]] | None,
+        settled: list[Outcome],
+        free: int | None,
     ) -> list[QueueItem]:
         """Claim from the rotation's queues, ``room`` items besides those this call settled,
         ``riding`` (a claim's successes) carried by the first claim made, or acknowledged on
@@ -157,6 +162,7 @@ class Settler:
         claimed: list[QueueItem] = []
         if limit > 0:
             claimer.limit, claimer.ride, claimer.acknowledged = limit, ack, None
+            claimer.free = free
             claimed = self.rotation.first_to_give(claimer.claim, woken=woken)
             ack = claimer.ride  # still here: no claim was made to carry it
         elif woken:

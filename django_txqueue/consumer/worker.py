@@ -159,7 +159,11 @@ class Worker:
         probe = partial(store.queues_with_due_items, QueueItem, alias)
         rotation = Rotation(handlers, alias, discover, probe=probe)
         claimer = Claimer(
-            rotation.queues, pid=self.identity, strategy=self.strategy, lease=self.lease
+            rotation.queues,
+            pid=self.identity,
+            strategy=self.strategy,
+            lease=self.lease,
+            held=rotation.held,
         )
         settler = Settler(
             alias,
@@ -286,7 +290,8 @@ class Worker:
         if claimed:
             self._idle_wait = FIRST_IDLE_WAIT
         elif len(self.in_flight):
-            self._outcomes_arrived.wait(timeout=0.2)
+            room = self._next_room(now)
+            self._outcomes_arrived.wait(timeout=0.2 if room is None else min(room, 0.2))
             self._outcomes_arrived.clear()
         elif self.burst and not down:
             # Done only after a turn that claimed from every queue, idle ones too.
@@ -294,9 +299,12 @@ class Worker:
                 return True  # a station had no room when it came: its turn again
             if not any(station.rotation.passed_over for station in stations):
                 return False
+            if (room := self._next_room(now)) is not None:
+                self.waiter.wait(room)  # a rate-limited queue's budget is spent meanwhile
             self._wake(None)
         else:  # idle; back to a failed database when its pause is over
-            wait = min([self._idle_wait, *(until - now for until in down.values())])
+            held = [] if (room := self._next_room(now)) is None else [room]
+            wait = min([self._idle_wait, *held, *(until - now for until in down.values())])
             woken = self.waiter.wait(max(wait, 0), down=frozenset(down))
             # Woken: claim from the queues named. Timed out: from every one (the idle
             # consumer's poll, for items that came due unannounced).
@@ -325,7 +333,10 @@ class Worker:
         else:
             if self.recycler is not None:
                 station.settler.claim_cap = self.recycler.claims_left()
-            settled, claimed = station.settler.settle_and_claim(arrived, room=room)
+            # A batch's room without the claim-ahead: a rate-limited queue's claims take
+            # no more, so that its items are not claimed a batch before they can start.
+            free = self.batch - len(self.in_flight) + len(arrived)
+            settled, claimed = station.settler.settle_and_claim(arrived, room=room, free=free)
             if self.recycler is not None:
                 self.recycler.claimed += len(claimed)
         self.in_flight.remove(settled)
@@ -335,6 +346,18 @@ class Worker:
         if claimed:
             self._dispatch(claimed)
         return bool(claimed)
+
+    def _next_room(self, now: float) -> float | None:
+        """Seconds until a held queue's rate budget has room (None: none is held)."""
+        return min(
+            (
+                until - now
+                for station in self.stations.values()
+                for until in station.rotation.held.values()
+                if until > now
+            ),
+            default=None,
+        )
 
     def _wake(self, names: set[str] | None) -> None:
         """Claim from these idle queues again (None: every queue), on any database."""

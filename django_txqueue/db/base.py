@@ -78,6 +78,12 @@ class Dialect:
         names none (MySQL's ON DUPLICATE KEY UPDATE takes any unique key)."""
         return unique_fields
 
+    def locked(self, rows: QuerySet[Any], touch: str) -> QuerySet[Any]:
+        """``rows`` to be read under locks held to the transaction's end, their writers'
+        and lockers' turns taken: ``SELECT ... FOR UPDATE``. ``touch``: a column a database
+        without row locks writes to itself first (``SQLite.locked``)."""
+        return rows.select_for_update()
+
     def has_partial_indexes(self, connection: BaseDatabaseWrapper) -> bool:
         """Indexes over the rows matching a condition: PostgreSQL and SQLite."""
         return bool(connection.features.supports_partial_indexes)

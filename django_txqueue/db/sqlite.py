@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections
+from django.db.models import F
 
 from .base import Dialect
 
@@ -38,6 +39,13 @@ class SQLite(Dialect):
     # Takes the write lock at once, waiting for it through the busy timeout: a deferred
     # transaction that read first could not wait for it later.
     begin_sql = "BEGIN IMMEDIATE"
+
+    def locked(self, rows: QuerySet[Any], touch: str) -> QuerySet[Any]:
+        """SQLite locks the database, not rows: a write first (``touch`` set to itself)
+        takes its write lock before the read. A transaction that read first would hold a
+        read lock that two of them could not both upgrade."""
+        rows.update(**{touch: F(touch)})
+        return rows
 
     def claim_update_limit(self, claim: ClaimStatement, values: ClaimValues) -> list[Any]:
         """Reserve the first n ready rows and return them, atomically, in one statement."""

@@ -36,7 +36,7 @@ def queue_rows(aliases: list[str]) -> dict[str, QueueRow]:
         items, consumers = QueueItem.objects.using(alias), Consumer.objects.using(alias)
         for row in gauges(items, consumers, known_queue_names(items, consumers)):
             total = merged.setdefault(row.name, QueueRow(row.name))
-            for status in (*STATUSES, "consumers"):
+            for status in (*STATUSES, "consumers", "held_back"):
                 setattr(total, status, getattr(total, status) + getattr(row, status))
             total.paused = total.paused or row.paused
             if row.oldest_ready is not None and (
@@ -48,7 +48,7 @@ def queue_rows(aliases: list[str]) -> dict[str, QueueRow]:
 
 class QueueCollector:
     """Per queue: ``txqueue_items{queue,status}``, ``txqueue_oldest_ready_age_seconds``,
-    ``txqueue_live_consumers`` and ``txqueue_paused``.
+    ``txqueue_live_consumers``, ``txqueue_paused`` and ``txqueue_rate_limited_items``.
 
     ``close_connections``: close this thread's database connections after each read, for
     an HTTP server thread that Django's request cycle does not clean up after.
@@ -85,6 +85,11 @@ class QueueCollector:
             "txqueue_live_consumers", "Live consumers serving the queue.", labels=["queue"]
         )
         paused = family("txqueue_paused", "1 while the queue is paused.", labels=["queue"])
+        held = family(
+            "txqueue_rate_limited_items",
+            "Due READY items held back by a spent rate budget (the queue's or their key's).",
+            labels=["queue"],
+        )
         for name, row in sorted(rows.items()):
             for status in STATUSES:
                 items.add_metric([name, status], getattr(row, status))
@@ -92,4 +97,5 @@ class QueueCollector:
             oldest.add_metric([name], age)
             live.add_metric([name], row.consumers)
             paused.add_metric([name], 1 if row.paused else 0)
-        yield from (items, oldest, live, paused)
+            held.add_metric([name], row.held_back)
+        yield from (items, oldest, live, paused, held)

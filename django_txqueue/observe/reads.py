@@ -19,7 +19,7 @@ from django.db.models import Count, DurationField, ExpressionWrapper, Min, Query
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
-from .. import conf
+from .. import conf, store
 from ..consumer import registry
 from ..db import dialect_for
 from ..models import (
@@ -28,10 +28,12 @@ from ..models import (
     QueueItem,
     QueueItemQuerySet,
     QueuePause,
+    QueueRate,
     any_status,
 )
 from ..status import FINISHED, Status
-from ..store import fairness
+from ..store import fairness, rates
+from ..validation import parse_rate
 
 MINUTES = 60  # the span of the throughput chart
 # Queue.stats() counts DONE items up to this many; past that, the planner's estimate
@@ -60,11 +62,24 @@ class QueueRow:
     paused: bool = False
     # At most this many running at once (MAX_IN_FLIGHT, docs/limits.md); None: no cap.
     max_in_flight: int | None = None
+    # A rate-limited queue's use of its limits (``rate_stats``); empty: none.
+    rates: dict[str, Any] = field(default_factory=dict)
+    # Due READY items a spent rate budget holds back (``held_back``): read by ``gauges``.
+    held_back: int = 0
     # DONE items, exact up to EXACT_DONE_UP_TO, past that the planner's estimate: read by
     # ``gauges`` only (the dashboard shows the last hour's instead).
     done: int = 0
     # A fair or ordered queue's keys_waiting and top_keys (fairness.key_stats).
     keys: dict[str, Any] | None = None
+
+    @property
+    def rate_text(self) -> str:
+        """The queue's RATE_LIMIT in words ("5 a minute"), or "" without one."""
+        rate = self.rates.get("rate_limit")
+        if rate is None:
+            return ""
+        limit = parse_rate(rate["limit"])
+        return f"{limit.limit} {limit.per}"
 
     @property
     def oldest_ready_text(self) -> str:
@@ -112,6 +127,7 @@ def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
 
     for queue in rows.values():  # one query per fair or ordered queue
         queue.max_in_flight = conf.queue_option(queue.name, "MAX_IN_FLIGHT")
+        queue.rates = rate_stats(queue.name, items.db)
         if fairness.needs_key(queue.name):
             queue.keys = fairness.key_stats(items.filter(queue=queue.name, status=Status.READY))
 
@@ -183,6 +199,7 @@ def gauges(
     table = counting.table_rows(items)  # statistics; None where none are kept (SQLite)
     exact = table is None or table <= SCRAPE_COUNTS_UP_TO
     for queue in rows.values():
+        queue.held_back = held_back(queue.name, items)
         done = items.filter(queue=queue.name, status=Status.DONE)
         if exact:
             queue.done = counting.estimated_count(done, EXACT_DONE_UP_TO)
@@ -314,9 +331,44 @@ def duration(span: dt.timedelta) -> str:
     return " ".join(parts)
 
 
+def rate_stats(name: str, using: str) -> dict[str, Any]:
+    """A rate-limited queue's limits and their use (docs/limits.md): ``rate_limit``
+    (``limit``, items ``used`` in the period that ends now) and ``rate_limit_per_key``
+    (``limit``, ``keys_spent``); no query for a queue without one."""
+    limits, stats = store.Limits.of(name), {}
+    if limits.rate is not None:
+        used = rates.used(QueueRate, name, limits.rate, using)
+        stats["rate_limit"] = {"limit": str(limits.rate), "used": used}
+    if limits.per_key is not None:
+        spent = rates.keys_spent(QueueRate, name, using)
+        stats["rate_limit_per_key"] = {"limit": str(limits.per_key), "keys_spent": spent}
+    return stats
+
+
+def held_back(name: str, items: QueueItemQuerySet) -> int:
+    """How many of queue ``name``'s due READY items a spent rate budget holds back: all of
+    them while the queue's own is spent, else those of the keys whose budget is; no
+    query for a queue without a rate limit."""
+    limits = store.Limits.of(name)
+    if limits.rate is None and limits.per_key is None:
+        return 0
+    due = items.ready().filter(queue=name)
+    if limits.rate is not None and rates.used(QueueRate, name, limits.rate, items.db) >= (
+        limits.rate.limit
+    ):
+        return due.count()
+    if limits.per_key is None:
+        return 0
+    spent = QueueRate.objects.using(items.db).filter(
+        queue=name, per_key=True, full_until__gt=Now()
+    )
+    return due.filter(key__in=spent.values("key")).count()
+
+
 def queue_stats(name: str, items: QueueItemQuerySet) -> dict[str, Any]:
     """``Queue.stats()``: counts per status, stuck items, how long the oldest due item has
-    waited, whether the queue is paused, for a capped queue ``max_in_flight``, and for a
+    waited, whether the queue is paused, for a capped queue ``max_in_flight``, for a
+    rate-limited one ``rate_limit`` and ``rate_limit_per_key`` (``rate_stats``), and for a
     fair or ordered queue ``keys_waiting`` and ``top_keys``.
 
     Never reads all the finished rows: READY, IN_PROGRESS, WAITING, FAILED and CANCELLED
@@ -347,6 +399,7 @@ def queue_stats(name: str, items: QueueItemQuerySet) -> dict[str, Any]:
     }
     if (cap := conf.queue_option(name, "MAX_IN_FLIGHT")) is not None:
         stats["max_in_flight"] = cap  # a capped queue's (docs/limits.md)
+    stats.update(rate_stats(name, items.db))
     if fairness.needs_key(name):
         stats.update(fairness.key_stats(items.filter(status=Status.READY)))
     return stats

@@ -31,9 +31,10 @@ from .acks import (
     snooze,
 )
 from .claims import (
+    Limits,
     ack_and_claim,
     claim,
-    claim_capped,
+    claim_limited,
     claim_values,
     lease_of,
     queues_with_due_items,
@@ -58,6 +59,7 @@ from .items import (
     record_effect,
     trim_ticks,
 )
+from .rates import Allowance
 from .upkeep import (
     PURGE_LOCK,
     delete_all,
@@ -92,7 +94,9 @@ __all__ = [
     "claim_values",
     "lease_of",
     "ack_and_claim",
-    "claim_capped",
+    "Limits",
+    "claim_limited",
+    "Allowance",
     "queues_with_due_items",
     "rides_with_claims",
     "ack",

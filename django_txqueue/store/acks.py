@@ -162,6 +162,13 @@ def release(item: QueueModel) -> bool:
     return _settle_if_held(item, Status.READY, attempts=F("attempts") - 1, **UNCLAIMED)
 
 
+def unclaim(model: type[Model], using: str, pks: list[Any], token: int) -> int:
+    """Give back items a claim took, in the claim's own transaction (over a key's rate
+    budget): READY again, their attempt uncounted."""
+    rows = model._base_manager.using(using).filter(pk__in=pks, claim_token=token)
+    return int(rows.update(status=Status.READY, attempts=F("attempts") - 1, **UNCLAIMED))
+
+
 def unless_cancelled(
     model: type[Model], status: int, *, finished_at: Any = None
 ) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import secrets
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +22,9 @@ from ..db.acks import Ack, ack_statement
 from ..db.base import Uncounted
 from ..db.compiler import ClaimStatement, ClaimValues
 from ..status import Status
-from ..validation import to_timedelta, validate_pid
-from .acks import ack_many, ack_waited_for
+from ..validation import Rate, parse_rate, to_timedelta, validate_pid
+from . import rates
+from .acks import ack_many, ack_waited_for, unclaim
 from .bounds import lock_bound
 from .conflicts import retrying_conflicts
 from .consumers import consumer_identity
@@ -151,41 +152,102 @@ def ack_and_claim(
     return acked + waited_for, items
 
 
-def claim_capped(
+@dataclass(frozen=True)
+class Limits:
+    """What bounds a queue's claims across every consumer (docs/limits.md): at most
+    ``cap`` items running at once (``MAX_IN_FLIGHT``), ``rate`` claimed in any period
+    (``RATE_LIMIT``), ``per_key`` of each key (``RATE_LIMIT_PER_KEY``)."""
+
+    cap: int | None = None
+    rate: Rate | None = None
+    per_key: Rate | None = None
+
+    def __bool__(self) -> bool:
+        return self.cap is not None or self.rate is not None or self.per_key is not None
+
+    @classmethod
+    def of(cls, queue: str) -> Limits:
+        """``queue``'s limits as its settings give them (checked by ``manage.py check``)."""
+        rate, per_key = (conf.queue_option(queue, key) for key in RATE_KEYS)
+        return cls(
+            conf.queue_option(queue, "MAX_IN_FLIGHT"),
+            None if rate is None else parse_rate(rate),
+            None if per_key is None else parse_rate(per_key),
+        )
+
+
+RATE_KEYS = ("RATE_LIMIT", "RATE_LIMIT_PER_KEY")
+
+
+def claim_limited(
     statement: Callable[[int], ClaimStatement],
     queue: str,
-    cap: int,
+    limits: Limits,
     limit: int,
-    bound_model: type[Model],
+    *,
+    bounds: type[Model],
+    rates: type[Model],
     **options: Any,
-) -> list[Any]:
-    """``claim`` of at most ``limit`` items of ``queue``, which runs at most ``cap`` at
-    once across every consumer (``MAX_IN_FLIGHT``): under its bound row's lock (as a
-    bounded queue's producers take it), its running items are counted and the claim
-    takes no more than the places left. Claims of the queue take turns, and a bounded
-    queue's producers (the same lock) wait for that short transaction; acknowledgements
-    and other queues' claims do not. ``statement(n)``: the queue's claim of n items."""
+) -> tuple[list[Any], float | None]:
+    """``claim`` of at most ``limit`` items of ``queue`` within its cap and its keys' rate
+    limit, in one transaction: with a cap, under the queue's ``bounds`` row's lock (as a
+    bounded queue's producers take it), its running items counted first; per key, each
+    claimed key's budget (its ``rates`` row) locked and counted after the claim, whose
+    items over it go back READY at once, their attempt uncounted (the claim reads past
+    keys whose budget is spent). Claims of the queue take turns on the bound row, and
+    those of one key on its row; acknowledgements and other queues' claims do not wait.
+    ``statement(n)``: the queue's claim of n items. (The queue's own ``RATE_LIMIT`` is
+    the caller's: ``rates.Allowance``.)
+
+    Returns the items and, when no key had room left, the seconds until the first has
+    (None otherwise)."""
     alias = statement(1).alias
     return retrying_conflicts(
-        _claim_capped, alias, statement, queue, cap, limit, bound_model, options
+        _claim_limited, alias, statement, queue, limits, limit, bounds, rates, options
     )
 
 
-def _claim_capped(
+def _claim_limited(
     statement: Callable[[int], ClaimStatement],
     queue: str,
-    cap: int,
+    limits: Limits,
     limit: int,
-    bound_model: type[Model],
+    bounds: type[Model],
+    rates_model: type[Model],
     options: dict[str, Any],
-) -> list[Any]:
+) -> tuple[list[Any], float | None]:
     first = statement(1)
-    with transaction.atomic(using=first.alias):
-        lock_bound(bound_model, queue, first.alias)
-        rows = first.model._base_manager.using(first.alias)
-        running = rows.filter(queue=queue, status=Status.IN_PROGRESS).count()
-        places = min(limit, cap - running)
-        return claim(statement(places), **options) if places > 0 else []
+    alias, model = first.alias, first.model
+    with transaction.atomic(using=alias):
+        if limits.cap is not None:
+            lock_bound(bounds, queue, alias)
+            rows = model._base_manager.using(alias)
+            running = rows.filter(queue=queue, status=Status.IN_PROGRESS).count()
+            limit = min(limit, limits.cap - running)
+        items = claim(statement(limit), **options) if limit > 0 else []
+        if limits.per_key is not None and items:
+            items, budgets = _within_key_budgets(items, queue, limits.per_key, rates_model, alias)
+            rates.record(rates_model, budgets, alias)
+    if limits.per_key is not None and not items and limit > 0:
+        return items, rates.seconds_to_room(rates_model, queue, alias)
+    return items, None
+
+
+def _within_key_budgets(
+    items: list[Any], queue: str, rate: Rate, rates_model: type[Model], alias: str
+) -> tuple[list[Any], list[rates.Budget]]:
+    """The claimed ``items`` each key's budget has room for (their budgets, counted);
+    the others unclaimed."""
+    keys = sorted({item.key for item in items if item.key is not None})
+    budgets = rates.lock_budgets(rates_model, queue, keys, rate, per_key=True, using=alias)
+    kept: list[Any] = []
+    over: list[Any] = []
+    for item in items:
+        budget = None if item.key is None else budgets[item.key]
+        (kept if budget is None or budget.take() else over).append(item)
+    if over:
+        unclaim(items[0].__class__, alias, [item.pk for item in over], over[0].claim_token)
+    return kept, list(budgets.values())
 
 
 def queues_with_due_items(model: type[Model], alias: str, names: list[str]) -> set[str]:

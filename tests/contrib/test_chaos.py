@@ -11,6 +11,7 @@ from django.db import connection
 from django_txqueue import Queue, Status
 from django_txqueue.contrib.chaos.models import ChaosRun
 from django_txqueue.contrib.chaos.verify import History, Run, audit
+from django_txqueue.validation import parse_rate
 from tests.helpers import child_env
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -95,6 +96,24 @@ def test_a_then_item_that_ran_before_a_step_finished_is_a_violation():
     assert "item 3 ran before the last of the steps it waits for" in report["violations"]
 
 
+def test_starts_within_a_rate_limit_are_no_violation():
+    history = clean()  # starts at t=1, 4 and 7
+    history.rate = parse_rate("1/s")
+    report = audit(history)
+    assert report["violations"] == []
+    assert (report["rate_limit"], report["most_started_in_a_period"]) == ("1/s", 1)
+
+
+def test_more_starts_than_a_rate_limit_allows_are_a_violation():
+    history = clean()
+    history.rate = parse_rate("2/s")
+    history.items.update({3: (Status.DONE, 300), 4: (Status.DONE, 300)})
+    history.runs += [Run(3, 300, "h:11:a", at(7.3), at(7.4)), Run(4, 300, "h:11:a", at(7.8), None)]
+    report = audit(history)
+    assert report["most_started_in_a_period"] == 3
+    assert "3 handlers started within 0.9 s under RATE_LIMIT 2/s" in report["violations"]
+
+
 def test_time_the_database_was_down_does_not_count_against_a_rescue():
     history = clean()
     history.rescue_bound = 1.0
@@ -116,6 +135,7 @@ def test_refuses_a_database_whose_name_has_neither_test_nor_staging(monkeypatch)
         (["--consumers", "1"], "at least 2"),
         (["--items", "0"], "--items"),
         (["--lease", "0"], "lease"),
+        (["--rate-limit", "fast"], "--rate-limit: a rate limit is 'N/s'"),
     ],
 )
 def test_bad_numbers_are_command_errors(args, message):

@@ -1,11 +1,13 @@
 """Limits (docs/limits.md) with real consumer processes, as a user runs them:
 ``run_queue_consumer --processes 2 --max-items 100`` drains 1,000 items, every one DONE
 once, in ten recycled children; ``--max-memory`` stops a process whose handler leaks
-before it grows further; ``MAX_IN_FLIGHT`` holds across processes."""
+before it grows further; ``MAX_IN_FLIGHT`` and the rate limits hold across processes."""
 
 import json
 import subprocess
 import sys
+from collections import defaultdict
+from datetime import timedelta
 
 import pytest
 
@@ -111,3 +113,58 @@ def test_max_in_flight_holds_across_three_processes(tmp_path):
     items = list(Queue("slow").items.filter(status=Status.DONE))
     assert len(items) == 20
     assert most_at_once(items) == 2  # never more, and the cap was used
+
+
+def most_in_any_second(moments):
+    """The most of ``moments`` inside any one-second stretch, wherever it starts."""
+    moments, most, start = sorted(moments), 0, 0
+    for end, moment in enumerate(moments):
+        while moment - moments[start] >= timedelta(seconds=1):
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
+def drain_limited(tmp_path, options, keys=None):
+    """200 echo items drained by 4 consumer processes of 4 threads under ``options``:
+    the items, DONE."""
+    items = [{"n": n} for n in range(200)]
+    if keys is None:
+        Queue("echo").enqueue_many(items)
+    else:
+        for key in range(keys):
+            Queue("echo").enqueue_many(items[key::keys], key=f"customer-{key}")
+    limited = {"QUEUES": {"echo": options}}
+    procs = [
+        start(tmp_path, "echo", "--concurrency", "4", "--burst", settings=limited)
+        for _ in range(4)
+    ]
+    for process in procs:
+        code, log = finish(process)
+        assert code == 0, log
+    done = list(Queue("echo").items.filter(status=Status.DONE))
+    assert len(done) == 200
+    assert {item.attempts for item in done} == {1}  # nothing charged for waiting
+    return done
+
+
+def test_a_rate_limit_holds_across_four_processes(tmp_path):
+    done = drain_limited(tmp_path, {"RATE_LIMIT": "20/s"})
+    claimed = [item.claimed_at for item in done]
+    assert most_in_any_second(claimed) == 20  # never more, and the budget was used
+    assert max(claimed) - min(claimed) >= timedelta(seconds=9)
+    assert max(item.finished_at for item in done) - min(claimed) < timedelta(seconds=20)
+
+
+def test_a_rate_limit_per_key_holds_across_four_processes(tmp_path):
+    done = drain_limited(tmp_path, {"RATE_LIMIT_PER_KEY": "4/s"}, keys=5)
+    by_key = defaultdict(list)
+    for item in done:
+        by_key[item.key].append(item.claimed_at)
+    assert len(by_key) == 5
+    for claimed in by_key.values():
+        assert most_in_any_second(claimed) == 4
+        assert max(claimed) - min(claimed) >= timedelta(seconds=9)
+    # The keys ran side by side: 5 keys of 40 items at 4 a second, not one after another.
+    everything = [moment for claimed in by_key.values() for moment in claimed]
+    assert max(everything) - min(everything) < timedelta(seconds=20)

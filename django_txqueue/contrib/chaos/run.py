@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from django_txqueue import Consumer as ConsumerRow
 from django_txqueue import Queue, QueueItem, Status, group, step, store
+from django_txqueue.validation import parse_rate
 
 from .models import ChaosRun
 from .verify import History, Run, audit
@@ -60,19 +61,24 @@ class Options:
     verbose: bool = False  # the consumers' own log on stderr
     # Flows (docs/flows.md): the items as groups of FLOW_STEPS steps, each with a then.
     flows: bool = False
+    # The queue's RATE_LIMIT (docs/limits.md), checked against the handlers' starts.
+    rate_limit: str | None = None
 
 
 class Consumers:
     """The consumer processes, with their kills and SIGTERM exits."""
 
     def __init__(self, options: Options) -> None:
+        queue: dict[str, Any] = {"LEASE": options.lease, "DATABASE": options.alias}
+        if options.rate_limit is not None:
+            queue["RATE_LIMIT"] = options.rate_limit
         settings = {
             "HEARTBEAT_INTERVAL": HEARTBEAT,
             "CONSUMER_TIMEOUT": CONSUMER_TIMEOUT,
             "RESCUE_INTERVAL": RESCUE_INTERVAL,
             "POLL_INTERVAL": 0.2,
             "DATABASE": options.alias,
-            "QUEUES": {options.queue: {"LEASE": options.lease, "DATABASE": options.alias}},
+            "QUEUES": {options.queue: queue},
         }
         # The project's directory (manage.py's, first on sys.path) goes on the consumers'
         # path too, so that they import its settings wherever the command was started.
@@ -225,6 +231,7 @@ def run(options: Options, progress: Callable[[str], None]) -> dict[str, Any]:
         rescue_bound=options.lease + RESCUE_INTERVAL + CONSUMER_TIMEOUT + 1.0,
         downtimes=downtimes,
         flows=flows,
+        rate=None if options.rate_limit is None else parse_rate(options.rate_limit),
     )
     report = audit(history)
     report["violations"] += [f"a consumer exited by itself with code {code}" for code in crashed]

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django_txqueue import Status
+from django_txqueue.validation import Rate
 
 
 @dataclass
@@ -40,6 +41,24 @@ class History:
     downtimes: list[tuple[datetime, datetime]] = field(default_factory=list)
     # --flows: each group's steps and the item after them (its "then").
     flows: list[tuple[list[int], int]] = field(default_factory=list)
+    # --rate-limit: the queue's RATE_LIMIT.
+    rate: Rate | None = None
+
+
+# A handler starts a little after its claim, which the rate limit times (by the database's
+# clock); how much later varies by this much at most between two claims, so the starts of
+# a period less this long hold no more than the limit's claims.
+START_JITTER = 0.1  # seconds
+
+
+def most_in_any_stretch(moments: list[datetime], seconds: float) -> int:
+    """The most of ``moments`` inside any ``seconds``-long stretch, wherever it starts."""
+    moments, most, first = sorted(moments), 0, 0
+    for last, moment in enumerate(moments):
+        while (moment - moments[first]).total_seconds() >= seconds:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
 
 
 def os_pid(consumer: str) -> int | None:
@@ -121,6 +140,15 @@ def audit(history: History) -> dict[str, Any]:
         if last is not None and started and min(started) < last:
             early += 1
             violations.append(f"item {then} ran before the last of the steps it waits for")
+    most_started, window = 0, 0.0
+    if history.rate is not None:
+        window = history.rate.period - START_JITTER
+        most_started = most_in_any_stretch([run.started_at for run in history.runs], window)
+        if most_started > history.rate.limit:
+            violations.append(
+                f"{most_started} handlers started within {window:g} s under RATE_LIMIT "
+                f"{history.rate}"
+            )
     for exit_code in history.sigterm_exits:
         if exit_code != 0:
             violations.append(f"a consumer stopped by SIGTERM exited {exit_code}, not 0")
@@ -141,5 +169,8 @@ def audit(history: History) -> dict[str, Any]:
         "rescue_bound_s": history.rescue_bound,
         "flows": len(history.flows),
         "released_early": early,
+        "rate_limit": None if history.rate is None else str(history.rate),
+        "most_started_in_a_period": most_started,
+        "rate_window_s": window,
         "violations": violations,
     }

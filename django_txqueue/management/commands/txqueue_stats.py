@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from ...validation import parse_rate
 from .. import add_queue_arguments, selected_queues
 
 COLUMNS = (
@@ -51,8 +53,26 @@ class Command(BaseCommand):
                         f"{stat['queue']}: {stat['in_progress']} in progress of "
                         f"MAX_IN_FLIGHT {stat['max_in_flight']}"
                     )
+                for line in rate_lines(stat):
+                    self.stdout.write(line)
                 if "keys_waiting" in stat:
                     self.stdout.write(keys_line(stat))
+
+
+def rate_lines(stat: dict[str, Any]) -> Iterator[str]:
+    """A rate-limited queue's limits and their use, a line each (docs/limits.md)."""
+    if rate := stat.get("rate_limit"):
+        period = parse_rate(rate["limit"]).per.split()[-1]
+        yield (
+            f"{stat['queue']}: RATE_LIMIT {rate['limit']}, {rate['used']} used in the "
+            f"last {period}"
+        )
+    if per_key := stat.get("rate_limit_per_key"):
+        spent = per_key["keys_spent"]
+        yield (
+            f"{stat['queue']}: RATE_LIMIT_PER_KEY {per_key['limit']}, {spent} "
+            f"key{'' if spent == 1 else 's'} spent"
+        )
 
 
 def table(stats: list[dict[str, Any]]) -> str:

@@ -11,6 +11,7 @@ from django_txqueue.contrib.chaos.run import Options, RestartFailed, run
 from django_txqueue.contrib.progress import Progress
 from django_txqueue.contrib.target import Target
 from django_txqueue.management import own_queue
+from django_txqueue.validation import parse_rate
 
 SAFE_WORDS = ("test", "staging")
 
@@ -43,6 +44,12 @@ class Command(BaseCommand):
             help="Enqueue the items as flows: groups of 100 steps, each with a then "
             "(docs/flows.md), and check that no then ran before its steps.",
         )
+        parser.add_argument(
+            "--rate-limit",
+            metavar="RATE",
+            help="Give the queue a RATE_LIMIT ('200/s'; docs/limits.md) and check that the "
+            "handlers never started more than it allows.",
+        )
         parser.add_argument("--json", action="store_true", help="Print one JSON document.")
         parser.add_argument(
             "--yes",
@@ -59,6 +66,11 @@ class Command(BaseCommand):
             raise CommandError("--consumers must be at least 2: one is killed, one stopped")
         if not options["lease"] > 0:
             raise CommandError("--lease must be a positive number of seconds")
+        if options["rate_limit"] is not None:
+            try:
+                parse_rate(options["rate_limit"])
+            except ValueError as exc:
+                raise CommandError(f"--rate-limit: {exc}") from exc
         name = Target(alias, queue).database_name
         if not options["yes"] and not any(word in name.lower() for word in SAFE_WORDS):
             raise CommandError(
@@ -80,6 +92,7 @@ class Command(BaseCommand):
                     restart_command=options["restart_command"],
                     verbose=options["verbosity"] > 1,
                     flows=options["flows"],
+                    rate_limit=options["rate_limit"],
                 ),
                 progress.phase,
             )
@@ -109,6 +122,11 @@ def text(report: dict[str, Any]) -> str:
         lines.append(
             f"{report['flows']} flows: {report['released_early']} then items ran before "
             "their last step"
+        )
+    if report["rate_limit"]:
+        lines.append(
+            f"RATE_LIMIT {report['rate_limit']}: at most {report['most_started_in_a_period']} "
+            f"handlers started in any {report['rate_window_s']:g} s"
         )
     if report["violations"]:
         lines += ["VIOLATIONS:", *(f"- {violation}" for violation in report["violations"])]

@@ -1,0 +1,259 @@
+"""Rate limits' budgets (``RATE_LIMIT``, ``RATE_LIMIT_PER_KEY``): a ``QueueRate`` row per
+limit holds the claims of the last period, each with its time by the database clock and
+its number of items.
+
+The budget is a sliding period, not a calendar one: at most N items are claimed in any
+period-long stretch of the database clock, wherever it starts. The record needs no index
+on the items and stays small: past ``KEPT_CLAIMS`` entries the oldest are merged into the
+next one, which counts them until it leaves the period itself (longer, never shorter).
+
+- A key's budget (``RATE_LIMIT_PER_KEY``) is counted by each claim, in its transaction:
+  the claim locks the rows of the keys it took, keeps the items their budgets have room
+  for, and records them timed by the database after the claim (``lock_budgets``,
+  ``record``).
+- A queue's own budget (``RATE_LIMIT``) is granted to a consumer a part at a time
+  (``Allowance``): a grant of up to the budget left, recorded as claimed at the end of a
+  short span (a tenth of the period, at most a second), which the consumer's claims spend
+  before that span is over, in their plain statements. Recorded at the span's end, a
+  grant counts as long as any claim made under it, or longer; what a consumer did not
+  claim is given back. One transaction per span instead of one per claim: a queue whose
+  budget is above its drain rate drains at nearly its unlimited rate.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from ..db import dialect_for
+from .conflicts import retrying_conflicts
+
+if TYPE_CHECKING:
+    from django.db.models import Model
+
+    from ..validation import Rate
+
+KEPT_CLAIMS = 100
+# A grant of a queue's budget is spent within this share of the period, at most
+# MAX_SPAN seconds; its claims stop SPAN_MARGIN of the span before its end, so that a
+# claim that took that long still happened before the time the grant is recorded at.
+SPAN_SHARE = 0.1
+MAX_SPAN = 1.0
+SPAN_MARGIN = 0.2
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def micros(moment: datetime) -> int:
+    """``moment`` in microseconds since the epoch (naive: UTC, as Django stores it)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return (moment - _EPOCH) // timedelta(microseconds=1)
+
+
+@dataclass
+class Budget:
+    """One limit's row, read under its lock at ``now`` (the database clock): what is
+    left of ``rate`` in the period that ends now, and what a claim records."""
+
+    rate: Rate
+    row: Any
+    now: datetime
+    claims: list[list[int]] = field(init=False)
+    left: int = field(init=False)
+    taken: int = 0
+
+    def __post_init__(self) -> None:
+        claims = list(self.row.claims)
+        if self.row.last_at is not None and self.row.last_items:
+            claims.append([micros(self.row.last_at), self.row.last_items])
+        since = micros(self.now) - self.rate.period * 1_000_000
+        # Kept while inside the period: a claim timed later than ``since``.
+        self.claims = [claim for claim in claims if claim[0] > since]
+        self.left = max(self.rate.limit - sum(n for _, n in self.claims), 0)
+
+    def take(self) -> bool:
+        """Count one more item of this claim against the budget, if any is left."""
+        if self.taken >= self.left:
+            return False
+        self.taken += 1
+        return True
+
+    @property
+    def full_until(self) -> datetime | None:
+        """When, with this claim's items, a budget spent has room again (the oldest claim
+        counted leaves the period); None while some is left."""
+        if self.taken < self.left:
+            return None
+        oldest = self.claims[0][0] if self.claims else micros(self.now)
+        moment = _EPOCH + timedelta(microseconds=oldest, seconds=self.rate.period)
+        return moment if self.now.tzinfo else moment.replace(tzinfo=None)  # as USE_TZ has it
+
+    def room_in(self) -> float:
+        """Seconds until a spent budget has room again (the oldest claim counted leaves
+        the period)."""
+        full_until = self.full_until
+        return 0.0 if full_until is None else (full_until - self.now).total_seconds()
+
+    def recorded(self) -> Any:
+        """The row with this claim recorded: its items timed by the database as the row is
+        written, after the claim (``last_at``), the older claims kept within bounds."""
+        row = self.row
+        row.claims, row.last_at, row.last_items = kept(self.claims), Now(), self.taken
+        row.full_until = self.full_until
+        return row
+
+
+def kept(claims: list[list[int]]) -> list[list[int]]:
+    """``claims`` within ``KEPT_CLAIMS``: the oldest merged into the next, counted longer."""
+    if len(claims) <= KEPT_CLAIMS:
+        return claims
+    merged = claims[-KEPT_CLAIMS]
+    merged[1] += sum(n for _, n in claims[:-KEPT_CLAIMS])
+    return claims[-KEPT_CLAIMS:]
+
+
+def lock_budgets(
+    rates: type[Model], queue: str, keys: list[str], rate: Rate, *, per_key: bool, using: str
+) -> dict[str, Budget]:
+    """Lock and read the rows of ``queue``'s limit ``rate`` for ``keys`` (``[""]`` for the
+    queue's own limit), creating those missing, in key order: each key's ``Budget``."""
+    rows = rates._default_manager.using(using).filter(queue=queue, per_key=per_key)
+    budgets = _locked(rows, keys, rate, using)
+    if missing := [key for key in keys if key not in budgets]:
+        new = [rates(queue=queue, per_key=per_key, key=key) for key in missing]
+        rows.bulk_create(new, ignore_conflicts=True)
+        budgets.update(_locked(rows, missing, rate, using))
+    return budgets
+
+
+def _locked(rows: Any, keys: list[str], rate: Rate, using: str) -> dict[str, Budget]:
+    locked = dialect_for(using).locked(rows.filter(key__in=keys), touch="last_items")
+    found = locked.order_by("key").annotate(database_now=Now())
+    return {row.key: Budget(rate, row, row.database_now) for row in found}
+
+
+def record(rates: type[Model], budgets: list[Budget], using: str) -> None:
+    """Write what the claims under ``budgets`` took, in one statement: the rows of those
+    that took any, and of those found spent (their ``full_until`` up to date, so that
+    the next claim passes their keys over)."""
+    rows = [budget.recorded() for budget in budgets if budget.taken or not budget.left]
+    manager = rates._default_manager.using(using)
+    if len(rows) == 1:  # the usual case: a plain UPDATE, not bulk_update's CASE per column
+        row = rows[0]
+        manager.filter(pk=row.pk).update(**{name: getattr(row, name) for name in RECORDED})
+    elif rows:
+        manager.bulk_update(rows, RECORDED)
+
+
+RECORDED = ["claims", "last_at", "last_items", "full_until"]
+
+
+def seconds_to_room(rates: type[Model], queue: str, using: str) -> float | None:
+    """Seconds until the first of ``queue``'s keys whose budget is spent has room again
+    (None: no key's is spent)."""
+    rows = rates._default_manager.using(using).filter(
+        queue=queue, per_key=True, full_until__gt=Now()
+    )
+    room = rows.annotate(database_now=Now()).order_by("full_until")
+    first = room.values_list("full_until", "database_now").first()
+    return None if first is None else (first[0] - first[1]).total_seconds()
+
+
+def used(rates: type[Model], queue: str, rate: Rate, using: str) -> int:
+    """How many of ``queue``'s items were claimed under its own ``rate`` in the period that
+    ends now (as the next claim would count them)."""
+    rows = rates._default_manager.using(using).filter(queue=queue, per_key=False, key="")
+    row = rows.annotate(database_now=Now()).first()
+    return 0 if row is None else sum(n for _, n in Budget(rate, row, row.database_now).claims)
+
+
+def keys_spent(rates: type[Model], queue: str, using: str) -> int:
+    """How many of ``queue``'s keys have no budget left now."""
+    rows = rates._default_manager.using(using).filter(queue=queue, per_key=True)
+    return rows.filter(full_until__gt=Now()).count()
+
+
+class Allowance:
+    """This process's grants of ``queue``'s own budget (``rate``, rows of ``rates`` on
+    ``using``): ``take(limit)`` before a claim, ``spent(asked, claimed)`` after it."""
+
+    def __init__(self, rates: type[Model], queue: str, rate: Rate, using: str) -> None:
+        self.rates, self.queue, self.rate, self.using = rates, queue, rate, using
+        self.span = min(rate.period * SPAN_SHARE, MAX_SPAN)
+        self.units = 0  # left of the grant held
+        self.until = 0.0  # its claims' deadline (time.monotonic())
+        self.at = 0  # the grant's record: its time (microseconds), which names it
+        self.granted = 0  # the size of the last grant
+        # After a grant refused (no budget left): when the budget has room (monotonic).
+        self.held_until = 0.0
+
+    def take(self, limit: int) -> int:
+        """How many of ``limit`` items the next claim may take: from the grant held, or
+        from a new one (0: none left; ``held_until`` says when there is room)."""
+        now = time.monotonic()
+        if self.units <= 0 or now >= self.until:
+            self._renew(limit, now)
+        taken = min(limit, self.units)
+        self.units -= taken
+        return taken
+
+    def spent(self, asked: int, claimed: int) -> None:
+        """A claim that asked for ``asked`` items took ``claimed``: fewer, and the queue
+        has none due now, so what is left of the grant goes back to the budget."""
+        self.units += asked - claimed
+        if claimed < asked:
+            self._give_back()
+
+    def _renew(self, limit: int, now: float) -> None:
+        """Give back what is left of the grant held, and take another: twice the last if
+        that one was spent in time, else what its claims took; ``limit`` at least, at
+        most the budget left."""
+        used = self.granted - max(self.units, 0)
+        want = 2 * self.granted if self.units <= 0 else used
+        self._give_back()
+        want = min(max(limit, want), self.rate.limit)
+        self.units, self.at, room_in = retrying_conflicts(self._grant, self.using, want)
+        self.granted = self.units
+        self.until = now + self.span * (1 - SPAN_MARGIN)
+        self.held_until = now + room_in if not self.units else 0.0
+
+    def _grant(self, want: int) -> tuple[int, int, float]:
+        with transaction.atomic(using=self.using):
+            budget = lock_budgets(
+                self.rates, self.queue, [""], self.rate, per_key=False, using=self.using
+            )[""]
+            units = min(want, budget.left)
+            at = micros(budget.now) + round(self.span * 1_000_000)
+            if units:
+                budget.claims.append([at, units])
+                budget.taken = units
+                self._write(budget, budget.full_until)
+            return units, at, budget.room_in()
+
+    def _give_back(self) -> None:
+        """Return what is left of the grant held to the budget (uncounted from its record),
+        unless the record was merged into another meanwhile (then it counts, unused)."""
+        if self.units > 0:
+            retrying_conflicts(self._ungrant, self.using, self.units)
+        self.units = 0
+
+    def _ungrant(self, units: int) -> None:
+        with transaction.atomic(using=self.using):
+            budget = lock_budgets(
+                self.rates, self.queue, [""], self.rate, per_key=False, using=self.using
+            )[""]
+            for claim in budget.claims:
+                if claim[0] == self.at:
+                    claim[1] = max(claim[1] - units, 0)
+                    budget.claims = [c for c in budget.claims if c[1]]
+                    self._write(budget, None)
+                    return
+
+    def _write(self, budget: Budget, full_until: datetime | None) -> None:
+        rows = self.rates._default_manager.using(self.using).filter(pk=budget.row.pk)
+        rows.update(claims=kept(budget.claims), full_until=full_until)
