@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .api import Queue, enqueue, enqueue_many, run_in_transaction
     from .consumer.registry import handler
-    from .exceptions import QueueFull, Snooze
+    from .exceptions import ItemTimeout, QueueFull, Snooze
     from .flows import Flow, chain, group, step
     from .idempotency import once
     from .models import Consumer, QueueItem, QueueModel, Status
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Consumer",
     "Flow",
+    "ItemTimeout",
     "Queue",
     "QueueFull",
     "QueueItem",
@@ -43,6 +44,7 @@ _HOMES = {
     "enqueue": "api",
     "enqueue_many": "api",
     "run_in_transaction": "api",
+    "ItemTimeout": "exceptions",
     "QueueFull": "exceptions",
     "Snooze": "exceptions",
     "Flow": "flows",

@@ -37,3 +37,11 @@ class Snooze(Exception):  # noqa: N818  (a request, as Oban and River name it, n
             raise ValueError(f"Snooze takes seconds, a number >= 0, not {seconds!r}")
         self.seconds = float(seconds)
         super().__init__(f"snoozed for {self.seconds:g} s")
+
+
+class ItemTimeout(Exception):  # noqa: N818  (named as the issue and the docs name it)
+    """A handler ran past its queue's ``TIMEOUT``: the consumer stopped it, and its item's
+    attempt failed with this (``error_class`` ``django_txqueue.ItemTimeout``)."""
+
+    # The class as items record it: importable from the package, as it is documented.
+    NAME = "django_txqueue.ItemTimeout"

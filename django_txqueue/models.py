@@ -7,6 +7,7 @@ thin and delegate to ``store``, the one module that writes queue rows.
 from __future__ import annotations
 
 import operator
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from functools import reduce
@@ -17,6 +18,7 @@ from django.db import models
 from django.db.backends.ddl_references import Statement
 from django.db.models import Case, F, Q, When
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from . import conf, store
 from .db import dialect
@@ -558,6 +560,22 @@ class QueueItem(QueueModel):
         settles CANCELLED when the handler returns or raises. Returns whether it changed:
         False for a finished item, or one whose cancellation was requested already."""
         return store.cancel_item(self)
+
+    def time_left(self) -> float | None:
+        """Seconds its handler has left before its queue's ``TIMEOUT`` stops it (0 once
+        past it), or None without one: for a handler to stop cleanly before the hard
+        limit (docs/limits.md). Counted from the handler's start in a consumer; for an
+        item claimed by hand, from its ``claimed_at`` by this host's clock."""
+        timeout = conf.queue_option(self.queue, "TIMEOUT")
+        if timeout is None:
+            return None
+        deadline: float | None = self.__dict__.get("_handler_deadline")  # timeouts.DEADLINE
+        if deadline is not None:
+            return max(deadline - time.monotonic(), 0.0)
+        if self.claimed_at is None:
+            return float(timeout)
+        ran = (timezone.now() - self.claimed_at).total_seconds()
+        return max(float(timeout) - ran, 0.0)
 
     def cancel_requested(self) -> bool:
         """Whether this item was asked to stop. No query: a consumer reads the requests

@@ -851,3 +851,22 @@ def test_importing_the_package_loads_no_tasks_framework():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@needs_tasks
+@consumed
+def test_a_rate_limited_tasks_queue_runs_within_its_budget(settings):
+    """docs/limits.md: the Tasks backend's queue takes RATE_LIMIT by its name."""
+    settings.TXQUEUE = {**settings.TXQUEUE, "QUEUES": {"default": {"RATE_LIMIT": "2/m"}}}
+    results = [tasks.add.enqueue(n, 1) for n in range(3)]
+    worker = Worker({"default": run_task})
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert wait_for(lambda: sum(item_of(r).status == Status.DONE for r in results) == 2)
+        time.sleep(0.5)  # the third waits for the minute's budget, charged nothing
+        statuses = sorted((item_of(r).status, item_of(r).attempts) for r in results)
+        assert statuses == [(Status.READY, 0), (Status.DONE, 1), (Status.DONE, 1)]
+    finally:
+        worker.stop()
+        thread.join(10)

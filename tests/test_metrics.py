@@ -36,6 +36,7 @@ COUNTERS = {
     "txqueue_items_failed",
     "txqueue_items_retried",
     "txqueue_items_rescued",
+    "txqueue_items_timed_out",
     "txqueue_consumer_recycles",
 }
 HISTOGRAMS = {

@@ -35,7 +35,7 @@ from ..models import Consumer, QueueItem
 from ..observe import metrics
 from ..observe.logs import forget_queries, one_line
 from ..store.backoff import RECONNECT_MAX_PAUSE, jittered, next_pause
-from . import registry
+from . import registry, timeouts
 from .claims import Claimer
 from .execution import Outcome, close_broken_connections, close_if_broken, drop_connection, runner
 from .housekeeping import Housekeeping
@@ -147,6 +147,11 @@ class Worker:
         # --max-items, --max-memory, --max-age: why it recycled (None: it did not).
         self.recycler = None if recycling is None else Recycler(recycling)
         self.recycled: str | None = None
+        # Each served queue's TIMEOUT (None: no limit), read as its first items come.
+        self._timeouts: dict[str, float | None] = {}
+        self._watching = False  # some queue has one: the loop looks for overdue handlers
+        # The item whose handler ran past its TIMEOUT, which stopped this consumer.
+        self.timed_out: QueueItem | None = None
 
     def _station(
         self,
@@ -219,7 +224,7 @@ class Worker:
             pass  # Ctrl-C where no signal handler was installed: stop gracefully
         finally:
             self._shut_down()
-        return 0
+        return 0 if self.timed_out is None else timeouts.ITEM_TIMEOUT_EXIT
 
     def _recycling_done(self) -> bool:
         """Whether a recycling consumer has run every item it claimed: from the turn it
@@ -273,6 +278,9 @@ class Worker:
 
     def _turn(self) -> bool:
         """One turn of the loop; False when a burst run has drained its queues."""
+        if self._watching and (item := timeouts.overdue(self.in_flight.held())) is not None:
+            self._stop_overdue(item)
+            return True
         now = time.monotonic()
         stations = [s for s in self.stations.values() if s.down_until <= now]
         if any(station.rotation.idle for station in stations):
@@ -376,9 +384,34 @@ class Worker:
         station.backoff = 0.0
         return done
 
+    def _stop_overdue(self, item: QueueItem) -> None:
+        """``item``'s handler ran past its TIMEOUT: its attempt failed with ItemTimeout,
+        and this consumer stops as on SIGTERM, to exit ``ITEM_TIMEOUT_EXIT`` (the thread
+        that runs it cannot be stopped, nor used again)."""
+        timeout = self._timeouts[item.queue] or 0.0
+        self.timed_out = item
+        logger.error(
+            "%s #%s ran past its TIMEOUT of %g s: its attempt failed (ItemTimeout); stopping "
+            "this consumer, which exits %d to be started again",
+            item.queue,
+            item.pk,
+            timeout,
+            timeouts.ITEM_TIMEOUT_EXIT,
+        )
+        self.stop()
+        outcome = timeouts.timed_out(item, timeout)
+        self.in_flight.remove([outcome])
+        if metrics.recorder is not None:
+            metrics.recorder.timed_out(item.queue)
+        station = self.stations[item._state.db or self.using]
+        self._on_database(station, lambda there: bool(there.settler.settle([outcome])))
+
     def _dispatch(self, items: list[QueueItem]) -> None:
         """Hand the items to the handler threads, in one share per thread, so that a
         thread reports (and the main thread acknowledges) a share at a time."""
+        if (queue := items[0].queue) not in self._timeouts:  # a claim's are of one queue
+            self._timeouts[queue] = conf.queue_option(queue, "TIMEOUT")
+            self._watching = self._watching or self._timeouts[queue] is not None
         self.in_flight.add(items)
         size = math.ceil(len(items) / self.threads.size)
         for start in range(0, len(items), size):
@@ -392,8 +425,11 @@ class Worker:
         # A share comes from one claim, so from one station.
         station = self.stations[items[0]._state.db or self.using]
         outcomes, handlers, run = [], station.rotation.handlers, self._run_item
+        limits = self._timeouts
         for item in items:
             if self.in_flight.start(item):  # False: released by a shutdown meanwhile
+                if (limit := limits.get(item.queue)) is not None:
+                    timeouts.started(item, limit, time.monotonic())
                 outcomes.append(run(handlers[item.queue], item))
             if self.stopping.is_set() and outcomes:  # stopping: report each as it ends
                 self._report(station, outcomes)

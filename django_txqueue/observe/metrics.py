@@ -102,6 +102,12 @@ class Recorder:
             ["queue"],
             registry=None,
         )
+        self.timeouts = client.Counter(
+            "txqueue_items_timed_out",
+            "Items whose handler ran past its queue's TIMEOUT and was stopped.",
+            ["queue"],
+            registry=None,
+        )
         self.recycles = client.Counter(
             "txqueue_consumer_recycles",
             "Consumer processes recycled (--max-items, --max-memory, --max-age), by limit.",
@@ -153,6 +159,7 @@ class Recorder:
             self.failed,
             self.retried,
             self.rescued,
+            self.timeouts,
             self.recycles,
             self.duration,
             self.latency,
@@ -229,6 +236,13 @@ class Recorder:
             with self._lock:
                 self._tally("rescued", queue).count += count
             self.flush()
+
+    def timed_out(self, queue: str) -> None:
+        """A handler of ``queue`` stopped past its TIMEOUT: counted, and flushed at once
+        (the process ends soon)."""
+        with self._lock:
+            self.timeouts.labels(queue=queue).inc()
+        self.flush()
 
     def recycling(self, reason: str) -> None:
         """The process reached a recycling limit: counted, and flushed at once (the

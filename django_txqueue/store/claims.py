@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -224,9 +225,12 @@ def _claim_limited(
             rows = model._base_manager.using(alias)
             running = rows.filter(queue=queue, status=Status.IN_PROGRESS).count()
             limit = min(limit, limits.cap - running)
+        claimed = time.monotonic()
         items = claim(statement(limit), **options) if limit > 0 else []
         if limits.per_key is not None and items:
-            items, budgets = _within_key_budgets(items, queue, limits.per_key, rates_model, alias)
+            items, budgets = _within_key_budgets(
+                items, queue, limits.per_key, rates_model, alias, claimed
+            )
             rates.record(rates_model, budgets, alias)
     if limits.per_key is not None and not items and limit > 0:
         return items, rates.seconds_to_room(rates_model, queue, alias)
@@ -234,12 +238,19 @@ def _claim_limited(
 
 
 def _within_key_budgets(
-    items: list[Any], queue: str, rate: Rate, rates_model: type[Model], alias: str
+    items: list[Any],
+    queue: str,
+    rate: Rate,
+    rates_model: type[Model],
+    alias: str,
+    claimed: float,
 ) -> tuple[list[Any], list[rates.Budget]]:
     """The claimed ``items`` each key's budget has room for (their budgets, counted);
     the others unclaimed."""
     keys = sorted({item.key for item in items if item.key is not None})
-    budgets = rates.lock_budgets(rates_model, queue, keys, rate, per_key=True, using=alias)
+    budgets = rates.lock_budgets(
+        rates_model, queue, keys, rate, per_key=True, using=alias, claimed=claimed
+    )
     kept: list[Any] = []
     over: list[Any] = []
     for item in items:

@@ -118,23 +118,38 @@ def kept(claims: list[list[int]]) -> list[list[int]]:
 
 
 def lock_budgets(
-    rates: type[Model], queue: str, keys: list[str], rate: Rate, *, per_key: bool, using: str
+    rates: type[Model],
+    queue: str,
+    keys: list[str],
+    rate: Rate,
+    *,
+    per_key: bool,
+    using: str,
+    claimed: float | None = None,
 ) -> dict[str, Budget]:
     """Lock and read the rows of ``queue``'s limit ``rate`` for ``keys`` (``[""]`` for the
-    queue's own limit), creating those missing, in key order: each key's ``Budget``."""
+    queue's own limit), creating those missing, in key order: each key's ``Budget``, at
+    the database's time of the read, or, for a claim made before it, sent at
+    ``claimed`` (time.monotonic()), at the claim's time at the latest (``_locked``)."""
     rows = rates._default_manager.using(using).filter(queue=queue, per_key=per_key)
-    budgets = _locked(rows, keys, rate, using)
+    budgets = _locked(rows, keys, rate, using, claimed)
     if missing := [key for key in keys if key not in budgets]:
         new = [rates(queue=queue, per_key=per_key, key=key) for key in missing]
         rows.bulk_create(new, ignore_conflicts=True)
-        budgets.update(_locked(rows, missing, rate, using))
+        budgets.update(_locked(rows, missing, rate, using, claimed))
     return budgets
 
 
-def _locked(rows: Any, keys: list[str], rate: Rate, using: str) -> dict[str, Budget]:
+def _locked(
+    rows: Any, keys: list[str], rate: Rate, using: str, claimed: float | None
+) -> dict[str, Budget]:
     locked = dialect_for(using).locked(rows.filter(key__in=keys), touch="last_items")
-    found = locked.order_by("key").annotate(database_now=Now())
-    return {row.key: Budget(rate, row, row.database_now) for row in found}
+    found = list(locked.order_by("key").annotate(database_now=Now()))
+    # The claim's items are timed by the database as its statement ran, before this read:
+    # a budget counted from the read's time would leave out claims of the period before
+    # them. The read's time less what passed here since the claim was sent is no later.
+    lag = timedelta(seconds=0 if claimed is None else time.monotonic() - claimed)
+    return {row.key: Budget(rate, row, row.database_now - lag) for row in found}
 
 
 def record(rates: type[Model], budgets: list[Budget], using: str) -> None:

@@ -1,19 +1,24 @@
 """Limits (docs/limits.md) with real consumer processes, as a user runs them:
 ``run_queue_consumer --processes 2 --max-items 100`` drains 1,000 items, every one DONE
 once, in ten recycled children; ``--max-memory`` stops a process whose handler leaks
-before it grows further; ``MAX_IN_FLIGHT`` and the rate limits hold across processes."""
+before it grows further; ``MAX_IN_FLIGHT`` and the rate limits hold across processes; a
+handler past its queue's ``TIMEOUT`` is stopped, its process replaced."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from datetime import timedelta
 
 import pytest
 
 from django_txqueue import Queue, Status
+from django_txqueue.consumer.timeouts import ITEM_TIMEOUT_EXIT
 from django_txqueue.models import Consumer
-from tests.helpers import ROOT, child_env, kill_tree, runs_per_item
+from tests.helpers import ROOT, child_env, kill_tree, runs_per_item, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -168,3 +173,93 @@ def test_a_rate_limit_per_key_holds_across_four_processes(tmp_path):
     # The keys ran side by side: 5 keys of 40 items at 4 a second, not one after another.
     everything = [moment for claimed in by_key.values() for moment in claimed]
     assert max(everything) - min(everything) < timedelta(seconds=20)
+
+
+TIMEOUT = 2
+# From the handler's TIMEOUT to its item settled: the consumer's loop looks at its running
+# handlers every turn (at most 0.2 s apart while it holds any), then one UPDATE.
+SETTLED_WITHIN = 1.0
+
+
+def hung_and_others():
+    """One "slow" item that sleeps for an hour, on its last attempt, and 20 quick ones."""
+    hung = Queue("slow").enqueue({"seconds": 3600}, max_attempts=1)
+    others = Queue("slow").enqueue_many([{"seconds": 0.05} for _ in range(20)])
+    return hung, others
+
+
+def children(pid):
+    """The live child processes of ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def assert_stopped_in_time(hung):
+    hung.refresh_from_db()
+    assert (hung.status, hung.error_class) == (Status.FAILED, "django_txqueue.ItemTimeout")
+    assert f"ran past its TIMEOUT of {TIMEOUT} s" in hung.last_error
+    assert "in slow" in hung.last_error  # where its thread was: the handler's sleep
+    ran = (hung.finished_at - hung.claimed_at).total_seconds()
+    assert TIMEOUT <= ran < TIMEOUT + SETTLED_WITHIN
+
+
+def test_a_hung_handler_under_two_processes_is_stopped_and_its_process_replaced(tmp_path):
+    hung, others = hung_and_others()
+    limited = {"SHUTDOWN_TIMEOUT": 5, "QUEUES": {"slow": {"TIMEOUT": TIMEOUT}}}
+    supervisor = start(
+        tmp_path, "slow", "--processes", "2", "--concurrency", "2", settings=limited
+    )
+    try:
+        assert wait_for(lambda: len(children(supervisor.pid)) == 2, timeout=30)
+        first = set(children(supervisor.pid))
+        ids = [item.pk for item in others]
+        done = Queue("slow").items.filter(pk__in=ids, status=Status.DONE)
+        assert wait_for(lambda: done.count() == 20, timeout=60), supervisor.log.read_text()
+        assert wait_for(
+            lambda: Queue("slow").items.filter(pk=hung.pk, status=Status.FAILED).exists(),
+            timeout=30,
+        )
+        assert_stopped_in_time(hung)
+        # The child that ran it exited ITEM_TIMEOUT_EXIT and another took its place.
+        assert wait_for(
+            lambda: len(now := children(supervisor.pid)) == 2 and set(now) != first,
+            timeout=30,
+        ), supervisor.log.read_text()
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        code, log = finish(supervisor, timeout=60)
+    assert code == 0, log
+    assert "past its TIMEOUT; starting another" in log, log
+    assert set(runs_per_item().values()) == {1}  # every item ran once, the hung one too
+
+
+def test_a_single_process_with_a_hung_handler_exits_75_with_nothing_lost(tmp_path):
+    hung, others = hung_and_others()
+    limited = {"SHUTDOWN_TIMEOUT": 2, "QUEUES": {"slow": {"TIMEOUT": TIMEOUT}}}
+    began = time.monotonic()
+    code, log = finish(
+        start(tmp_path, "slow", "--concurrency", "2", "--burst", settings=limited), timeout=60
+    )
+    assert code == ITEM_TIMEOUT_EXIT == 75, log
+    assert time.monotonic() - began < 30
+    assert "ran past its TIMEOUT of 2 s" in log, log
+    assert_stopped_in_time(hung)
+    rest = Queue("slow").items.filter(pk__in=[item.pk for item in others])
+    # Done, or released unstarted without an attempt counted: none left in progress.
+    assert set(rest.exclude(status=Status.DONE).values_list("status", "attempts")) <= {
+        (Status.READY, 0)
+    }
+    # Started again (as systemd or Kubernetes would), a consumer finishes them.
+    code, log = consume(tmp_path, "slow", "--burst")
+    assert code == 0, log
+    assert rest.filter(status=Status.DONE).count() == 20
+    assert set(runs_per_item().values()) == {1}
