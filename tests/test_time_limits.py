@@ -12,6 +12,8 @@ from django_txqueue.consumer.timeouts import ITEM_TIMEOUT_EXIT
 from django_txqueue.consumer.worker import Worker
 from django_txqueue.models import QueueItem
 
+from .test_admin import DASHBOARD
+
 
 def timeout(queue, settings, seconds):
     settings.TXQUEUE = {
@@ -105,3 +107,12 @@ def test_handlers_within_their_timeout_run_as_before(queue, settings):
     worker = Worker({queue.name: lambda item: time.sleep(0.01)}, concurrency=2, burst=True)
     assert worker.run() == 0
     assert worker.processed == 5
+
+
+@pytest.mark.django_db
+def test_the_limit_is_shown(queue, settings, admin_client):
+    timeout(queue, settings, 30)
+    queue.enqueue({"n": 1})
+    assert queue.stats()["timeout"] == 30
+    page = admin_client.get(DASHBOARD).content.decode()
+    assert 'title="TIMEOUT: a handler past it is stopped">≤ 30 s</span>' in page

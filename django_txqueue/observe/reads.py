@@ -62,6 +62,8 @@ class QueueRow:
     paused: bool = False
     # At most this many running at once (MAX_IN_FLIGHT, docs/limits.md); None: no cap.
     max_in_flight: int | None = None
+    # Seconds a handler may run (TIMEOUT, docs/limits.md); None: no limit.
+    timeout: float | None = None
     # A rate-limited queue's use of its limits (``rate_stats``); empty: none.
     rates: dict[str, Any] = field(default_factory=dict)
     # Due READY items a spent rate budget holds back (``held_back``): read by ``gauges``.
@@ -127,6 +129,7 @@ def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
 
     for queue in rows.values():  # one query per fair or ordered queue
         queue.max_in_flight = conf.queue_option(queue.name, "MAX_IN_FLIGHT")
+        queue.timeout = conf.queue_option(queue.name, "TIMEOUT")
         queue.rates = rate_stats(queue.name, items.db)
         if fairness.needs_key(queue.name):
             queue.keys = fairness.key_stats(items.filter(queue=queue.name, status=Status.READY))
@@ -367,8 +370,8 @@ def held_back(name: str, items: QueueItemQuerySet) -> int:
 
 def queue_stats(name: str, items: QueueItemQuerySet) -> dict[str, Any]:
     """``Queue.stats()``: counts per status, stuck items, how long the oldest due item has
-    waited, whether the queue is paused, for a capped queue ``max_in_flight``, for a
-    rate-limited one ``rate_limit`` and ``rate_limit_per_key`` (``rate_stats``), and for a
+    waited, whether the queue is paused, for a capped queue ``max_in_flight``, for one
+    with a time limit ``timeout``, for a rate-limited one ``rate_limit`` and ``rate_limit_per_key`` (``rate_stats``), and for a
     fair or ordered queue ``keys_waiting`` and ``top_keys``.
 
     Never reads all the finished rows: READY, IN_PROGRESS, WAITING, FAILED and CANCELLED
@@ -399,6 +402,8 @@ def queue_stats(name: str, items: QueueItemQuerySet) -> dict[str, Any]:
     }
     if (cap := conf.queue_option(name, "MAX_IN_FLIGHT")) is not None:
         stats["max_in_flight"] = cap  # a capped queue's (docs/limits.md)
+    if (timeout := conf.queue_option(name, "TIMEOUT")) is not None:
+        stats["timeout"] = timeout  # how long its handlers may run
     stats.update(rate_stats(name, items.db))
     if fairness.needs_key(name):
         stats.update(fairness.key_stats(items.filter(status=Status.READY)))
