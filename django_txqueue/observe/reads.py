@@ -371,8 +371,9 @@ def held_back(name: str, items: QueueItemQuerySet) -> int:
 def queue_stats(name: str, items: QueueItemQuerySet) -> dict[str, Any]:
     """``Queue.stats()``: counts per status, stuck items, how long the oldest due item has
     waited, whether the queue is paused, for a capped queue ``max_in_flight``, for one
-    with a time limit ``timeout``, for a rate-limited one ``rate_limit`` and ``rate_limit_per_key`` (``rate_stats``), and for a
-    fair or ordered queue ``keys_waiting`` and ``top_keys``.
+    with a time limit ``timeout``, for a rate-limited one ``rate_limit`` and
+    ``rate_limit_per_key`` (``rate_stats``), and for a fair or ordered queue
+    ``keys_waiting`` and ``top_keys``.
 
     Never reads all the finished rows: READY, IN_PROGRESS, WAITING, FAILED and CANCELLED
     items are counted exactly from their indexes; DONE items exactly up to
