@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import Queue, enqueue, enqueue_many, run_in_transaction
+    from .api import Queue, aenqueue, aenqueue_many, enqueue, enqueue_many, run_in_transaction
     from .consumer.registry import handler
     from .exceptions import ItemTimeout, QueueFull, Snooze
     from .flows import Flow, chain, group, step
@@ -28,6 +28,8 @@ __all__ = [
     "QueueModel",
     "Snooze",
     "Status",
+    "aenqueue",
+    "aenqueue_many",
     "chain",
     "enqueue",
     "enqueue_many",
@@ -41,6 +43,8 @@ __all__ = [
 
 _HOMES = {
     "Queue": "api",
+    "aenqueue": "api",
+    "aenqueue_many": "api",
     "enqueue": "api",
     "enqueue_many": "api",
     "run_in_transaction": "api",

@@ -7,12 +7,14 @@ gone if it rolls back. Rows change only through ``store``; vendor SQL lives in `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
 from django.db.transaction import TransactionManagementError
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from django.db.models import QuerySet
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def enqueue(
@@ -74,6 +77,33 @@ def enqueue_many(
 ) -> list[QueueItem]:
     """Add many items with the same options in one INSERT per batch, all or none."""
     return Queue(queue, using=using).enqueue_many(payloads, **options)
+
+
+def from_async(function: Callable[P, T], doc: str) -> Callable[P, Awaitable[T]]:
+    """``function`` for async code: run in the thread Django gives synchronous database
+    work (``sync_to_async``, thread-sensitive), as Django's async ORM methods run theirs."""
+
+    @functools.wraps(function)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return await sync_to_async(function, thread_sensitive=True)(*args, **kwargs)
+
+    run.__name__ = run.__qualname__ = f"a{function.__name__}"
+    run.__doc__ = doc
+    return run
+
+
+# Async code has no transaction.atomic: each of these commits its items on its own, at once
+# (docs/producing.md says how to enqueue together with other writes from async code).
+aenqueue = from_async(
+    enqueue,
+    """``enqueue`` for async code (an async view), with its arguments: the item commits on
+    its own at once, unless the caller's sync code runs it inside ``transaction.atomic``.""",
+)
+aenqueue_many = from_async(
+    enqueue_many,
+    """``enqueue_many`` for async code, with its arguments: all the items or none, committed
+    at once.""",
+)
 
 
 def home_database(queue: str) -> str:
