@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from django_txqueue import ItemTimeout, Status
+from django_txqueue import ItemTimeout, Queue, Status
 from django_txqueue.consumer.timeouts import ITEM_TIMEOUT_EXIT
 from django_txqueue.consumer.worker import Worker
 from django_txqueue.models import QueueItem
@@ -98,6 +98,34 @@ def test_a_hung_handler_on_its_last_attempt_ends_failed(queue, settings):
     assert code == ITEM_TIMEOUT_EXIT
     hung.refresh_from_db()
     assert (hung.status, hung.error_class) == (Status.FAILED, "django_txqueue.ItemTimeout")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_hung_handler_fails_and_one_still_running_at_the_end_is_released(queue, settings):
+    other = Queue(f"{queue.name}-other")  # no TIMEOUT: its handler is slow, not hung
+    settings.TXQUEUE = {
+        **settings.TXQUEUE,
+        "SHUTDOWN_TIMEOUT": 0.5,
+        "QUEUES": {queue.name: {"TIMEOUT": 1.0}},
+    }
+    hung = queue.enqueue_many([{"n": 1}, {"n": 2}])
+    slow = other.enqueue({"n": 3})
+    release = threading.Event()
+
+    def handle(item):
+        release.wait(60)
+
+    worker = Worker({queue.name: handle, other.name: handle}, concurrency=3, burst=True)
+    try:
+        assert worker.run() == ITEM_TIMEOUT_EXIT
+    finally:
+        release.set()
+    for item in QueueItem.objects.filter(pk__in=[item.pk for item in hung]):
+        assert (item.status, item.attempts) == (Status.READY, 1)
+        assert item.error_class == "django_txqueue.ItemTimeout"
+    # Still running when the shutdown timeout ran out: back READY, its attempt uncounted.
+    slow.refresh_from_db()
+    assert (slow.status, slow.attempts, slow.error_class) == (Status.READY, 0, "")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -40,14 +40,14 @@ def started(item: QueueItem, timeout: float, now: float) -> None:
     item.__dict__[THREAD] = threading.get_ident()
 
 
-def overdue(held: Iterable[tuple[QueueItem, float | None]]) -> QueueItem | None:
-    """The first of the ``held`` items whose handler has run past its deadline, if any."""
+def overdue(held: Iterable[tuple[QueueItem, float | None]]) -> list[QueueItem]:
+    """The ``held`` items whose handler has run past its deadline."""
     now = time.monotonic()
-    for item, began in held:
-        deadline = item.__dict__.get(DEADLINE)
-        if began is not None and deadline is not None and now > deadline:
-            return item
-    return None
+    return [
+        item
+        for item, began in held
+        if began is not None and now > item.__dict__.get(DEADLINE, now)
+    ]
 
 
 def timed_out(item: QueueItem, timeout: float) -> Outcome:

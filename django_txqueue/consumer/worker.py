@@ -278,8 +278,8 @@ class Worker:
 
     def _turn(self) -> bool:
         """One turn of the loop; False when a burst run has drained its queues."""
-        if self._watching and (item := timeouts.overdue(self.in_flight.held())) is not None:
-            self._stop_overdue(item)
+        if self._watching and (overdue := timeouts.overdue(self.in_flight.held())):
+            self._stop_overdue(overdue)
             return True
         now = time.monotonic()
         stations = [s for s in self.stations.values() if s.down_until <= now]
@@ -384,27 +384,30 @@ class Worker:
         station.backoff = 0.0
         return done
 
-    def _stop_overdue(self, item: QueueItem) -> None:
-        """``item``'s handler ran past its TIMEOUT: its attempt failed with ItemTimeout,
-        and this consumer stops as on SIGTERM, to exit ``ITEM_TIMEOUT_EXIT`` (the thread
-        that runs it cannot be stopped, nor used again)."""
-        timeout = self._timeouts[item.queue] or 0.0
-        self.timed_out = item
-        logger.error(
-            "%s #%s ran past its TIMEOUT of %g s: its attempt failed (ItemTimeout); stopping "
-            "this consumer, which exits %d to be started again",
-            item.queue,
-            item.pk,
-            timeout,
-            timeouts.ITEM_TIMEOUT_EXIT,
-        )
+    def _stop_overdue(self, items: list[QueueItem]) -> None:
+        """These items' handlers ran past their TIMEOUT: their attempt failed with
+        ItemTimeout, and this consumer stops as on SIGTERM, to exit ``ITEM_TIMEOUT_EXIT``
+        (a thread that runs one cannot be stopped, nor used again)."""
+        self.timed_out = self.timed_out or items[0]
         self.stop()
-        outcome = timeouts.timed_out(item, timeout)
-        self.in_flight.remove([outcome])
-        if metrics.recorder is not None:
-            metrics.recorder.timed_out(item.queue)
-        station = self.stations[item._state.db or self.using]
-        self._on_database(station, lambda there: bool(there.settler.settle([outcome])))
+        outcomes: dict[str, list[Outcome]] = {}
+        for item in items:
+            limit = self._timeouts[item.queue] or 0.0
+            logger.error(
+                "%s #%s ran past its TIMEOUT of %g s: its attempt failed (ItemTimeout); "
+                "this consumer stops, and exits %d to be started again",
+                item.queue,
+                item.pk,
+                limit,
+                timeouts.ITEM_TIMEOUT_EXIT,
+            )
+            outcome = timeouts.timed_out(item, limit)
+            outcomes.setdefault(item._state.db or self.using, []).append(outcome)
+            if metrics.recorder is not None:
+                metrics.recorder.timed_out(item.queue)
+        for alias, settled in outcomes.items():
+            self.in_flight.remove(settled)
+            self._on_database(self.stations[alias], partial(settle_there, settled))
 
     def _dispatch(self, items: list[QueueItem]) -> None:
         """Hand the items to the handler threads, in one share per thread, so that a
@@ -513,6 +516,10 @@ class Worker:
                 self._outcomes_arrived.clear()
                 for station in self.stations.values():
                     self.in_flight.remove(station.settler.settle(take_all(station.arrived)))
+            if len(self.in_flight) and self.timed_out is not None:
+                if overdue := timeouts.overdue(self.in_flight.held()):
+                    self._stop_overdue(overdue)  # hung meanwhile: failed as the first
+                self._release_running()
             if len(self.in_flight):
                 logger.warning(
                     "shutdown timeout: %d items left IN_PROGRESS for rescue", len(self.in_flight)
@@ -526,6 +533,26 @@ class Worker:
             self.waiter.close()
             connections.close_all()
             logger.info("consumer %s stopped", self.identity)
+
+    def _release_running(self) -> None:
+        """Stopped by a hung handler, past the shutdown timeout: the items still running go
+        back READY, their attempt uncounted (the process ends, and they with it), but
+        those of a queue that must not run twice (``RESCUE`` "fail"), left to the rescue."""
+        released = [
+            item
+            for item, _ in self.in_flight.held()
+            if conf.queue_option(item.queue, "RESCUE") != "fail" and store.release(item)
+        ]
+        if released:
+            logger.warning(
+                "released %d items still running, as this consumer exits", len(released)
+            )
+            self.in_flight.discard(released)
+
+
+def settle_there(outcomes: list[Outcome], station: Station) -> bool:
+    """Settle ``outcomes`` on ``station``'s database (``Worker._on_database``'s step)."""
+    return bool(station.settler.settle(outcomes))
 
 
 def take_all(arrived: queue_module.SimpleQueue[list[Outcome]]) -> list[Outcome]:
@@ -582,6 +609,12 @@ class InFlight:
             return (pair for pair in self.held() if pair[0]._state.db == alias)
 
         return held_there
+
+    def discard(self, items: list[QueueItem]) -> None:
+        """Forget these items (released, not settled)."""
+        with self._lock:
+            for item in items:
+                self._started.pop(id(item), None)
 
     def take_unstarted(self) -> list[QueueItem]:
         """Remove and return the items no handler has started."""
