@@ -11,12 +11,15 @@ fixture.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from .api import Queue, items_database
-from .consumer import registry
+from .consumer import registry, wakeup
 from .consumer.execution import Outcome, runner
 from .consumer.settle import Settler
 from .models import QueueItem, Status
@@ -129,6 +132,37 @@ def run_item(item: QueueItem) -> QueueItem:
     return drained.items[0]
 
 
+@contextmanager
+def inline() -> Iterator[None]:
+    """Inside the block, every enqueue runs its queue's due items at once, in the
+    caller's thread and transaction (``drain``), before ``enqueue`` returns: a test tool
+    (Celery's eager mode), never for production, where an enqueue must not wait for its
+    handler. Items enqueued by handlers run too; delayed items wait, as a retry does."""
+    previous, wakeup.inline = wakeup.inline, _run_inline
+    try:
+        yield
+    finally:
+        wakeup.inline = previous
+
+
+_inline = threading.local()  # the queues an inline run has yet to drain
+
+
+def _run_inline(queue: str, using: str) -> None:
+    pending: set[tuple[str, str]] | None = getattr(_inline, "pending", None)
+    if pending is not None:  # enqueued by a handler run inline: the outer run drains it
+        pending.add((queue, using))
+        return
+    _inline.pending = pending = {(queue, using)}
+    try:
+        while pending:
+            name, alias = pending.pop()
+            if name in registry.handlers():  # no handler here: left enqueued
+                drain(name, using=alias)
+    finally:
+        _inline.pending = None
+
+
 def _queue(name: str, using: str | None) -> Queue:
     """Queue ``name`` where its items are (a Tasks backend's DATABASE too), or on ``using``."""
     return Queue(name, using=using or items_database(name))
@@ -179,5 +213,6 @@ __all__ = [
     "assert_not_enqueued",
     "drain",
     "enqueued",
+    "inline",
     "run_item",
 ]

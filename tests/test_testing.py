@@ -112,6 +112,34 @@ def test_a_test_written_with_them_fails_when_the_handler_is_broken(txqueue, monk
         the_sms_is_sent(2)
 
 
+@pytest.mark.django_db
+def test_inline_runs_handlers_at_enqueue_time(txqueue_inline):
+    book_seat(5)  # the handler ran before enqueue returned, in this transaction
+    [item] = txqueue_inline.assert_enqueued("echo", status=Status.DONE)
+    assert item.result == {"seat": 5, "broken": False}
+    assert Run.objects.filter(item_id=item.pk).count() == 1
+    delayed = enqueue("echo", {"later": True}, delay=3600)
+    delayed.refresh_from_db()
+    assert delayed.status == Status.READY  # not due: it waits, as in production
+
+
+@pytest.mark.django_db
+def test_inline_runs_what_handlers_enqueue_and_leaves_unhandled_queues(txqueue, monkeypatch):
+    def fans_out(item):
+        if item.payload.get("fan"):
+            enqueue("echo", {"child": True})
+            enqueue("nobody-handles-this", {"n": 1})
+
+    monkeypatch.setitem(registry._handlers, "echo", fans_out)
+    with txqueue.inline():
+        enqueue("echo", {"fan": True})
+    assert txqueue.enqueued("echo", status=Status.DONE) == txqueue.enqueued("echo")
+    assert len(txqueue.enqueued("echo")) == 2
+    txqueue.assert_enqueued("nobody-handles-this", count=1, status=Status.READY)
+    enqueue("echo", {"after": True})  # the block is over: enqueued, not run
+    txqueue.assert_enqueued("echo", {"after": True}, status=Status.READY)
+
+
 class TestInsideATestCase(TestCase):
     """The helpers see the test's uncommitted rows, and the handlers' writes roll back
     with the test."""
@@ -120,6 +148,12 @@ class TestInsideATestCase(TestCase):
         book_seat(3)
         helpers.assert_enqueued("echo", {"seat": 3, "broken": False}, count=1)
         self.assertEqual(helpers.drain("echo").counts, {"done": 1})
+        self.assertEqual(Run.objects.count(), 1)
+
+    def test_inline_runs_the_handler_inside_the_test_transaction(self):
+        with helpers.inline():
+            book_seat(4)
+        helpers.assert_enqueued("echo", {"seat": 4, "broken": False}, status=Status.DONE)
         self.assertEqual(Run.objects.count(), 1)
 
     def test_an_enqueue_on_commit_is_seen_once_the_callbacks_run(self):

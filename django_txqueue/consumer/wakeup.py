@@ -32,6 +32,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -270,8 +271,16 @@ _addresses: dict[str, tuple[float, list[tuple[str, list[str]]]]] = {}
 _sender: socket.socket | None = None
 
 
+# Set by a test's inline mode (``testing.inline()``): called with each enqueue's queue and
+# database, where the enqueue is, to run the queue's items at once.
+inline: Callable[[str, str], None] | None = None
+
+
 def wake_local_consumers(queue: str, using: str) -> None:
-    """After the caller's commit, send ``queue`` to idle consumers on this host."""
+    """After the caller's commit, send ``queue`` to idle consumers on this host (in a
+    test's inline mode, run its items now)."""
+    if inline is not None:
+        inline(queue, using)
     if not conf.get("LOCAL_WAKEUP") or dialect_for(using).has_notify:
         return
     transaction.on_commit(lambda: _send(queue, using), using=using)
