@@ -154,6 +154,7 @@ def _run_inline(queue: str, using: str) -> None:
         pending.add((queue, using))
         return
     _inline.pending = pending = {(queue, using)}
+    registry.autodiscover()
     try:
         while pending:
             name, alias = pending.pop()

@@ -41,6 +41,14 @@ def test_demo_sends_one_sms_per_booking(example_database):
         assert "Migrated, then emptied the demo's tables" in output
 
 
+def test_the_examples_own_tests_pass(example_database):
+    """cinema/tests.py, written with django_txqueue.testing, run as its project runs them
+    (Django's test runner makes a test database beside the example's)."""
+    done = manage(["test", "cinema", "--noinput", "-v", "2"], example_env(example_database))
+    output = done.stdout + done.stderr
+    assert "Ran 3 tests" in output and "\nOK\n" in output, output  # manage() checked its exit
+
+
 def test_racing_bookings_of_one_seat_make_one_booking_and_one_sms(example):
     env = example.env()
     racers = [
