@@ -45,3 +45,7 @@ class ItemTimeout(Exception):  # noqa: N818  (named as the issue and the docs na
 
     # The class as items record it: importable from the package, as it is documented.
     NAME = "django_txqueue.ItemTimeout"
+    # The exit code of a consumer that stopped such a handler (``consumer.timeouts``):
+    # EX_TEMPFAIL of sysexits.h ("a temporary failure: try again"), distinct from a
+    # crash's 1 and a signal's 128 + N. Here, where a supervisor reads it without Django.
+    EXIT_CODE = 75

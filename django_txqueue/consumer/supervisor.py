@@ -3,7 +3,7 @@
 A child that dies (exits non-zero) is started again (after a pause that grows while children keep
 dying young, so a crash loop cannot spin); one that recycled (``--max-items``, ``--max-memory``,
 ``--max-age``: it exits 0 having said so through a pipe, ``recycling.RECYCLE_FD``) at once, as
-is one that stopped a handler past its queue's TIMEOUT (it exits ``ITEM_TIMEOUT_EXIT``).
+is one that stopped a handler past its queue's TIMEOUT (it exits ``ItemTimeout.EXIT_CODE``).
 SIGTERM/SIGINT are passed on to every child, which stops gracefully; a second signal is passed
 on too, stopping them at once. Children run in their own sessions, so a terminal's Ctrl-C
 reaches them only through the supervisor, once (twice would stop them at once); SIGHUP is
@@ -21,8 +21,8 @@ import sys
 import time
 from types import FrameType
 
+from ..exceptions import ItemTimeout
 from .recycling import RECYCLE_FD
-from .timeouts import ITEM_TIMEOUT_EXIT
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Supervisor:
             return self.spawn()
         if self.signals or code == 0:
             return None  # stopping, or a --burst run that drained its queues
-        if code == ITEM_TIMEOUT_EXIT:  # it stopped a hung handler: its thread is lost
+        if code == ItemTimeout.EXIT_CODE:  # it stopped a hung handler: its thread is lost
             logger.warning(
                 "consumer process %d stopped a handler past its TIMEOUT; starting another",
                 child.pid,

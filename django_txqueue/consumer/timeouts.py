@@ -24,9 +24,8 @@ from ..models import QueueItem
 from . import registry
 from .execution import Outcome, backoff_delay
 
-# The exit code of a consumer that stopped a handler past its TIMEOUT: EX_TEMPFAIL of
-# sysexits.h ("a temporary failure: try again"), distinct from a crash's 1 and a signal's.
-ITEM_TIMEOUT_EXIT = 75
+# The exit code of a consumer that stopped a handler past its TIMEOUT (75, EX_TEMPFAIL).
+ITEM_TIMEOUT_EXIT = ItemTimeout.EXIT_CODE
 
 # Set on an item as its handler starts: the time.monotonic() its TIMEOUT ends at, and the
 # thread that runs it (``QueueItem.time_left()`` reads the first).
