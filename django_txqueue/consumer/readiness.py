@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from django.db import InterfaceError, OperationalError, connections
 
@@ -22,15 +23,23 @@ from ..store.backoff import jittered, next_pause
 logger = logging.getLogger(__name__)
 
 
-def wait_for_database(alias: str, stopping: threading.Event, log: logging.Logger = logger) -> bool:
-    """Try ``alias`` until it answers: True then, False if ``stopping`` is set first.
+def wait_for_database(
+    alias: str,
+    stopping: threading.Event,
+    log: logging.Logger = logger,
+    *,
+    within: float | None = None,
+) -> bool:
+    """Try ``alias`` until it answers: True then, False if ``stopping`` is set first, or
+    if ``within`` seconds pass first (None: no bound; a ``--burst`` run has one).
 
     Each failed try is logged on one line at WARNING. The server's version is fetched
     too: Django caches it, and the system checks need nothing more from the database.
     """
     connection = connections[alias]
     pause = 0.0
-    while not stopping.is_set():
+    deadline = None if within is None else time.monotonic() + within
+    while not stopping.is_set() and (deadline is None or time.monotonic() < deadline):
         try:
             with connection.temporary_connection() as cursor:  # closed after, if opened here
                 cursor.execute("SELECT 1")
@@ -46,7 +55,10 @@ def wait_for_database(alias: str, stopping: threading.Event, log: logging.Logger
                 pause,
                 one_line(exc),
             )
-            stopping.wait(jittered(pause))
+            wait = jittered(pause)
+            if deadline is not None:
+                wait = min(wait, max(deadline - time.monotonic(), 0.0))
+            stopping.wait(wait)
     return False
 
 

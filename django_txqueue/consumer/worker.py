@@ -46,6 +46,9 @@ from .wakeup import Waiter
 
 logger = logging.getLogger(__name__)
 
+# Seconds a burst run waits for a database that does not answer before it exits 1: a cron
+# or CI drain must end, and a restart or a failover is over well within it.
+BURST_WAIT = 300.0
 FIRST_IDLE_WAIT = 0.05  # seconds; doubles while idle, up to POLL_INTERVAL
 
 
@@ -78,6 +81,9 @@ class Station:
     # (monotonic); the other stations go on meanwhile.
     backoff: float = 0.0
     down_until: float = 0.0
+    # When its database first failed, of the failures since it last answered (monotonic;
+    # 0: it answers): a burst run gives up after ``Worker.burst_wait`` of them.
+    down_since: float = 0.0
 
 
 class Worker:
@@ -105,6 +111,7 @@ class Worker:
         progress_interval: float = 5.0,
         discover: Callable[[str], registry.Handler | None] | None = None,
         recycling: Recycling | None = None,
+        burst_wait: float = BURST_WAIT,
     ) -> None:
         self.concurrency = concurrency
         self.batch = batch or concurrency
@@ -152,6 +159,10 @@ class Worker:
         self._watching = False  # some queue has one: the loop looks for overdue handlers
         # The item whose handler ran past its TIMEOUT, which stopped this consumer.
         self.timed_out: QueueItem | None = None
+        # A burst run gives up (exits 1) on a database that has not answered for this long;
+        # the one it gave up on.
+        self.burst_wait = burst_wait
+        self.gave_up: str | None = None
 
     def _station(
         self,
@@ -224,7 +235,9 @@ class Worker:
             pass  # Ctrl-C where no signal handler was installed: stop gracefully
         finally:
             self._shut_down()
-        return 0 if self.timed_out is None else timeouts.ITEM_TIMEOUT_EXIT
+        if self.timed_out is not None:
+            return timeouts.ITEM_TIMEOUT_EXIT
+        return 0 if self.gave_up is None else 1
 
     def _recycling_done(self) -> bool:
         """Whether a recycling consumer has run every item it claimed: from the turn it
@@ -295,6 +308,8 @@ class Worker:
                 claimed = True
                 self._first_station = (position + 1) % len(stations)
         down = {s.alias: s.down_until for s in self.stations.values() if s.down_until > now}
+        if self.burst and down and self._gives_up(now):
+            return False
         if claimed:
             self._idle_wait = FIRST_IDLE_WAIT
         elif len(self.in_flight):
@@ -355,6 +370,21 @@ class Worker:
             self._dispatch(claimed)
         return bool(claimed)
 
+    def _gives_up(self, now: float) -> bool:
+        """Whether a burst run stops, exit 1: a database has not answered for
+        ``burst_wait`` seconds (a cron or CI drain must not wait forever)."""
+        for station in self.stations.values():
+            if station.down_since and now - station.down_since > self.burst_wait:
+                logger.error(
+                    "database %r has not answered for %.0f s (--burst-wait): this --burst "
+                    "run gives up",
+                    station.alias,
+                    now - station.down_since,
+                )
+                self.gave_up = station.alias
+                return True
+        return False
+
     def _next_room(self, now: float) -> float | None:
         """Seconds until a held queue's rate budget has room (None: none is held)."""
         return min(
@@ -381,7 +411,7 @@ class Worker:
         except DatabaseError as exc:
             self._recover(station, exc)
             return False
-        station.backoff = 0.0
+        station.backoff = station.down_since = 0.0
         return done
 
     def _stop_overdue(self, items: list[QueueItem]) -> None:
@@ -457,6 +487,7 @@ class Worker:
             raise exc
         station.backoff = next_pause(station.backoff, RECONNECT_MAX_PAUSE)
         station.down_until = time.monotonic() + jittered(station.backoff)
+        station.down_since = station.down_since or time.monotonic()
         logger.warning(
             "database error, retrying in %.1f s: %s%s",
             station.backoff,

@@ -217,6 +217,31 @@ def test_sigterm_while_waiting_for_database_exits_0_at_once(fresh, start, args):
     assert counts(server, "echo") == {}
 
 
+def test_a_burst_run_gives_up_on_a_database_that_does_not_answer(fresh, start):
+    """A cron or CI drain must end: past --burst-wait, exit 1 with a line that says why."""
+    server = fresh
+    server.stop()
+    began = time.monotonic()
+    running = start(child_env(server), "echo", "--burst", "--burst-wait", "2")
+    code = running.process.wait(timeout=30)
+    output = running.output()
+    assert code == 1, output
+    assert time.monotonic() - began < 15, output
+    assert "did not answer for 2 s (--burst-wait): a --burst run gives up" in output, output
+
+
+def test_a_burst_run_gives_up_on_a_database_lost_midway(fresh, start):
+    server = fresh
+    enqueue(server, "slow", f"[{{'seconds': 0.2}} for n in range({ITEMS})]")
+    running = start(child_env(server), "slow", "--burst", "--burst-wait", "2")
+    wait_for(lambda: counts(server, "slow").get(DONE, 0) >= 2, 30, "a few items DONE", running)
+    server.stop()
+    code = running.process.wait(timeout=60)
+    output = running.output()
+    assert code == 1, output
+    assert "has not answered for" in output and "this --burst run gives up" in output, output
+
+
 # -- SQLite: a database file that cannot be opened yet ------------------------------------
 
 
@@ -262,3 +287,16 @@ def test_sqlite_consumer_waits_for_its_database_file(tmp_path, start):
             "SELECT status, COUNT(*) FROM django_txqueue_queueitem GROUP BY status"
         ).fetchall()
     assert rows == [(DONE, ITEMS)], output
+
+
+def test_a_sqlite_burst_run_gives_up_on_a_file_that_never_appears(tmp_path, start):
+    current = os.environ.get("TXQUEUE_TEST_DB", "sqlite")
+    if current != "sqlite":
+        pytest.skip(f"runs with TXQUEUE_TEST_DB=sqlite (this run: {current})")
+    running = start(
+        sqlite_env(tmp_path / "never" / "db.sqlite3"), "echo", "--burst", "--burst-wait", "1"
+    )
+    code = running.process.wait(timeout=30)
+    output = running.output()
+    assert code == 1, output
+    assert "did not answer for 1 s (--burst-wait): a --burst run gives up" in output, output

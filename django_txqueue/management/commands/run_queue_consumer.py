@@ -20,7 +20,7 @@ from ...consumer import registry
 from ...consumer.readiness import missing_tables, wait_for_database
 from ...consumer.recycling import Recycling, tell_supervisor
 from ...consumer.supervisor import Supervisor, child_argv
-from ...consumer.worker import Progress, Worker
+from ...consumer.worker import BURST_WAIT, Progress, Worker
 from ...observe import metrics
 from .. import default_alias, queue_home
 
@@ -96,6 +96,14 @@ class Command(BaseCommand):
         parser.add_argument("queues", nargs="*", metavar="QUEUE")
         parser.add_argument(
             "--burst", action="store_true", help="Exit 0 as soon as nothing is due."
+        )
+        parser.add_argument(
+            "--burst-wait",
+            type=positive_seconds,
+            default=BURST_WAIT,
+            metavar="SECONDS",
+            help="With --burst: exit 1 once a database has not answered for SECONDS "
+            f"(default {BURST_WAIT:g}), at start or later, instead of waiting for it forever.",
         )
         parser.add_argument(
             "--concurrency", type=positive_int, default=1, help="Handler threads (default 1)."
@@ -190,11 +198,16 @@ class Command(BaseCommand):
                 discover=discover,
                 on_progress=self.show_progress if options["verbosity"] >= 1 else None,
                 recycling=recycling(options),
+                burst_wait=options["burst_wait"],
             )
         # Signals stop the wait for the database too (the supervisor installs its own after).
         stopping = threading.Event() if worker is None else worker.stopping
         self.install_signal_handlers(stopping, stopping.set if worker is None else worker.stop)
-        if not self.ready(list(placed), stopping, skip_checks=options["skip_checks"]):
+        burst_wait = options["burst_wait"] if options["burst"] else None
+        ready = self.ready(
+            list(placed), stopping, skip_checks=options["skip_checks"], burst_wait=burst_wait
+        )
+        if not ready:
             return  # stopped while waiting for the database: exit 0
         if worker is not None:
             self.start_metrics(options)
@@ -237,12 +250,25 @@ class Command(BaseCommand):
         finally:
             served.close()
 
-    def ready(self, aliases: list[str], stopping: threading.Event, *, skip_checks: bool) -> bool:
-        """Wait for each database (False: stopped meanwhile), then check that it is
-        migrated and run the system checks, raising what they find."""
+    def ready(
+        self,
+        aliases: list[str],
+        stopping: threading.Event,
+        *,
+        skip_checks: bool,
+        burst_wait: float | None,
+    ) -> bool:
+        """Wait for each database (False: stopped meanwhile; past ``burst_wait`` seconds,
+        a ``--burst`` run's, an error), then check that it is migrated and run the system
+        checks, raising what they find."""
         for using in aliases:
-            if not wait_for_database(using, stopping):
-                return False
+            if not wait_for_database(using, stopping, within=burst_wait):
+                if stopping.is_set():
+                    return False
+                raise CommandError(
+                    f"Database {using!r} did not answer for {burst_wait:g} s (--burst-wait): "
+                    "a --burst run gives up."
+                )
             if missing := missing_tables(using):
                 migrate = "python manage.py migrate" + (
                     "" if using == "default" else f" --database {using}"
