@@ -9,6 +9,7 @@ from django.db.backends.signals import connection_created
 
 from django_txqueue import Queue, Status, signals
 from django_txqueue.consumer.wakeup import ADDRESS_CACHE_SECONDS
+from django_txqueue.consumer.worker import Progress
 from django_txqueue.models import Consumer, QueueItem
 from tests.helpers import running, runs_per_item, wait_for, worker_for
 from tests.testapp.models import Run
@@ -285,3 +286,15 @@ class TestProgress:
         assert 1 <= last.processed <= 6 and last.failed <= 1
         assert last.rate > 0 and last.backlog >= 0
         assert (worker.processed, worker.failed) == (6, 1)
+
+    def test_an_idle_consumer_reports_once_and_says_when_a_backlog_is_estimated(self):
+        reports = []
+        worker = worker_for("slow", on_progress=reports.append, progress_interval=0.05)
+        with running(worker):
+            time.sleep(0.6)  # a dozen intervals with nothing new
+        assert len(reports) == 1, reports
+        assert (reports[0].processed, reports[0].backlog, reports[0].backlog_text) == (0, 0, "0")
+        estimated = Progress(processed=0, failed=0, rate=0.0, backlog=1500, in_flight=0)
+        assert estimated.backlog_text == "1500"
+        estimated.backlog_exact = False
+        assert estimated.backlog_text == "about 1500"

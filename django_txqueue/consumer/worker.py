@@ -34,6 +34,7 @@ from ..db import dialect_for
 from ..models import Consumer, QueueItem
 from ..observe import metrics
 from ..observe.logs import forget_queries, one_line
+from ..status import Status
 from ..store.backoff import RECONNECT_MAX_PAUSE, jittered, next_pause
 from . import registry, timeouts
 from .claims import Claimer
@@ -49,6 +50,9 @@ logger = logging.getLogger(__name__)
 # Seconds a burst run waits for a database that does not answer before it exits 1: a cron
 # or CI drain must end, and a restart or a failover is over well within it.
 BURST_WAIT = 300.0
+# A progress report counts each queue's ready items up to this many; past it, the
+# database's estimate, said to be one.
+BACKLOG_COUNTED_UP_TO = 1000
 FIRST_IDLE_WAIT = 0.05  # seconds; doubles while idle, up to POLL_INTERVAL
 
 
@@ -59,6 +63,14 @@ class Progress:
     rate: float
     backlog: int
     in_flight: int
+    # Whether ``backlog`` is counted (up to BACKLOG_COUNTED_UP_TO ready items), or the
+    # database's estimate past that.
+    backlog_exact: bool = True
+
+    @property
+    def backlog_text(self) -> str:
+        """The backlog as a line says it: "12", or "about 15000" for an estimate."""
+        return str(self.backlog) if self.backlog_exact else f"about {self.backlog}"
 
 
 @dataclass
@@ -143,6 +155,8 @@ class Worker:
         self.threads: HandlerThreads
         self._idle_wait = FIRST_IDLE_WAIT
         self._last_report = (time.monotonic(), 0)
+        # What the last progress report said: an unchanged one is not repeated.
+        self._last_shown: tuple[int, int, int, int] | None = None
         # Database errors met by any thread. A restarted server has dropped every
         # connection, the handler threads' idle ones too: a thread that sees this count
         # change checks its own connections before its next item.
@@ -508,31 +522,45 @@ class Worker:
         elapsed = time.monotonic() - started
         if elapsed < self.progress_interval:
             return
-        try:
-            backlog = sum(
-                queue.approximate_count()
-                for station in self.stations.values()
-                for queue in station.rotation.queues.values()
-            )
-        except DatabaseError:
-            backlog = -1
+        backlog, exact = self._backlog()
         progress = Progress(
             processed=self.processed,
             failed=self.failed,
             rate=(self.processed - processed_then) / elapsed,
             backlog=backlog,
             in_flight=len(self.in_flight),
+            backlog_exact=exact,
         )
         self._last_report = (time.monotonic(), self.processed)
+        shown = (progress.processed, progress.failed, progress.backlog, progress.in_flight)
+        if shown == self._last_shown:
+            return  # an idle consumer says nothing new every few seconds: nothing at all
+        self._last_shown = shown
         logger.info(
-            "processed %d, failed %d, %.1f/s, backlog %d",
+            "processed %d, failed %d, %.1f/s, backlog %s",
             progress.processed,
             progress.failed,
             progress.rate,
-            progress.backlog,
+            progress.backlog_text,
         )
         if self.on_progress is not None:
             self.on_progress(progress)
+
+    def _backlog(self) -> tuple[int, bool]:
+        """The ready items of the queues served, counted up to BACKLOG_COUNTED_UP_TO each,
+        else the database's estimate (and False); -1 if the database failed."""
+        total, exact = 0, True
+        try:
+            for station in self.stations.values():
+                counting = dialect_for(station.alias)
+                for queue in station.rotation.queues.values():
+                    ready = queue.items.filter(status=Status.READY)
+                    found = counting.estimated_count(ready, BACKLOG_COUNTED_UP_TO)
+                    total += found
+                    exact = exact and found <= BACKLOG_COUNTED_UP_TO
+        except DatabaseError:
+            return -1, True
+        return total, exact
 
     def _shut_down(self) -> None:
         """Release unstarted items, let running ones finish, mark the Consumer stopped."""

@@ -298,7 +298,8 @@ class Command(BaseCommand):
     def show_progress(self, progress: Progress) -> None:
         line = (
             f"processed {progress.processed}  failed {progress.failed}  "
-            f"{progress.rate:.1f}/s  backlog {progress.backlog}  in flight {progress.in_flight}"
+            f"{progress.rate:.1f}/s  backlog {progress.backlog_text}  "
+            f"in flight {progress.in_flight}"
         )
         if self.stdout.isatty():
             self.stdout.write(f"\r{line}\033[K", ending="")
