@@ -4,7 +4,6 @@ nothing, and are claimed once the budget has room."""
 
 import io
 import time
-from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
@@ -12,6 +11,7 @@ from django.core.management import call_command
 from django_txqueue import Queue, Status
 from django_txqueue.checks import check_settings
 from django_txqueue.consumer.worker import Worker
+from django_txqueue.contrib.chaos.verify import most_in_any_stretch
 from django_txqueue.models import QueueItem, QueueRate
 from django_txqueue.validation import Rate, parse_rate
 
@@ -23,17 +23,6 @@ LONG = 600
 def limited(queue, settings, **options):
     settings.TXQUEUE = {**settings.TXQUEUE, "QUEUES": {queue.name: options}}
     return queue
-
-
-def most_in_any_period(moments, period):
-    """The most of ``moments`` (datetimes) inside any ``period``-long stretch."""
-    moments = sorted(moments)
-    most, start = 0, 0
-    for end, moment in enumerate(moments):
-        while moment - moments[start] >= period:
-            start += 1
-        most = max(most, end - start + 1)
-    return most
 
 
 def test_rates_are_parsed_and_bad_ones_named():
@@ -110,7 +99,7 @@ def test_the_period_slides(queue, settings):
     moments = QueueItem.objects.filter(pk__in=[i.pk for i in claimed]).values_list(
         "claimed_at", flat=True
     )
-    assert most_in_any_period(moments, timedelta(seconds=1)) == 4
+    assert most_in_any_stretch(list(moments), 1.0) == 4
 
 
 @pytest.mark.django_db
@@ -176,7 +165,7 @@ def test_a_consumer_drains_a_limited_queue_at_its_rate(queue, settings):
     assert worker.processed == 25
     assert 2.0 <= took < 6  # 10, 10 a second later, 5 a second after: not polled late
     moments = QueueItem.objects.filter(queue=queue.name).values_list("claimed_at", flat=True)
-    assert most_in_any_period(moments, timedelta(seconds=1)) == 10
+    assert most_in_any_stretch(list(moments), 1.0) == 10
     assert set(QueueItem.objects.filter(queue=queue.name).values_list("attempts", flat=True)) == {
         1
     }

@@ -5,7 +5,6 @@ before it grows further; ``MAX_IN_FLIGHT`` and the rate limits hold across proce
 handler past its queue's ``TIMEOUT`` is stopped, its process replaced."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,8 +16,9 @@ import pytest
 
 from django_txqueue import Queue, Status
 from django_txqueue.consumer.timeouts import ITEM_TIMEOUT_EXIT
+from django_txqueue.contrib.chaos.verify import most_in_any_stretch
 from django_txqueue.models import Consumer
-from tests.helpers import ROOT, child_env, kill_tree, runs_per_item, wait_for
+from tests.helpers import ROOT, child_env, child_pids, kill_tree, runs_per_item, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -120,16 +120,6 @@ def test_max_in_flight_holds_across_three_processes(tmp_path):
     assert most_at_once(items) == 2  # never more, and the cap was used
 
 
-def most_in_any_second(moments):
-    """The most of ``moments`` inside any one-second stretch, wherever it starts."""
-    moments, most, start = sorted(moments), 0, 0
-    for end, moment in enumerate(moments):
-        while moment - moments[start] >= timedelta(seconds=1):
-            start += 1
-        most = max(most, end - start + 1)
-    return most
-
-
 def drain_limited(tmp_path, options, keys=None):
     """200 echo items drained by 4 consumer processes of 4 threads under ``options``:
     the items, DONE."""
@@ -156,7 +146,7 @@ def drain_limited(tmp_path, options, keys=None):
 def test_a_rate_limit_holds_across_four_processes(tmp_path):
     done = drain_limited(tmp_path, {"RATE_LIMIT": "20/s"})
     claimed = [item.claimed_at for item in done]
-    assert most_in_any_second(claimed) == 20  # never more, and the budget was used
+    assert most_in_any_stretch(claimed, 1.0) == 20  # never more, and the budget was used
     assert max(claimed) - min(claimed) >= timedelta(seconds=9)
     assert max(item.finished_at for item in done) - min(claimed) < timedelta(seconds=20)
 
@@ -168,7 +158,7 @@ def test_a_rate_limit_per_key_holds_across_four_processes(tmp_path):
         by_key[item.key].append(item.claimed_at)
     assert len(by_key) == 5
     for claimed in by_key.values():
-        assert most_in_any_second(claimed) == 4
+        assert most_in_any_stretch(claimed, 1.0) == 4
         assert max(claimed) - min(claimed) >= timedelta(seconds=9)
     # The keys ran side by side: 5 keys of 40 items at 4 a second, not one after another.
     everything = [moment for claimed in by_key.values() for moment in claimed]
@@ -188,21 +178,6 @@ def hung_and_others():
     return hung, others
 
 
-def children(pid):
-    """The live child processes of ``pid`` (from /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry))
-    return found
-
-
 def assert_stopped_in_time(hung):
     hung.refresh_from_db()
     assert (hung.status, hung.error_class) == (Status.FAILED, "django_txqueue.ItemTimeout")
@@ -219,8 +194,8 @@ def test_a_hung_handler_under_two_processes_is_stopped_and_its_process_replaced(
         tmp_path, "slow", "--processes", "2", "--concurrency", "2", settings=limited
     )
     try:
-        assert wait_for(lambda: len(children(supervisor.pid)) == 2, timeout=30)
-        first = set(children(supervisor.pid))
+        assert wait_for(lambda: len(child_pids(supervisor.pid)) == 2, timeout=30)
+        first = set(child_pids(supervisor.pid))
         ids = [item.pk for item in others]
         done = Queue("slow").items.filter(pk__in=ids, status=Status.DONE)
         assert wait_for(lambda: done.count() == 20, timeout=60), supervisor.log.read_text()
@@ -231,7 +206,7 @@ def test_a_hung_handler_under_two_processes_is_stopped_and_its_process_replaced(
         assert_stopped_in_time(hung)
         # The child that ran it exited ITEM_TIMEOUT_EXIT and another took its place.
         assert wait_for(
-            lambda: len(now := children(supervisor.pid)) == 2 and set(now) != first,
+            lambda: len(now := child_pids(supervisor.pid)) == 2 and set(now) != first,
             timeout=30,
         ), supervisor.log.read_text()
     finally:
