@@ -39,7 +39,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.functional import cached_property
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
@@ -59,7 +59,7 @@ from .models import (
 )
 from .observe.chart import throughput_chart
 from .observe.flowchart import MOST_DRAWN, flow_chart
-from .observe.reads import overview_of, stuck_items
+from .observe.reads import overview_of, progress_text, stuck_items
 from .status import FINISHED
 
 # A colour per state; the label is always written too, so the colour is never the only cue.
@@ -227,6 +227,7 @@ class QueueItemAdmin(QueueItemModelAdmin):
         ("attempts", "max_attempts", "snoozes"),
         ("pid", "claimed_at", "lease_expires_at"),
         "cancel_requested_at",
+        "progress_live",
         "flow_link",
         "trace_context",  # the enqueuer's W3C trace context, to find its trace (tracing)
         "payload_pretty",
@@ -237,6 +238,9 @@ class QueueItemAdmin(QueueItemModelAdmin):
     readonly_fields = tuple(
         name for row in fields for name in (row if isinstance(row, tuple) else (row,))
     )
+
+    class Media:
+        js = ("django_txqueue/dashboard.js",)  # re-reads a running item's progress
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[QueueItem]:
         stuck = Case(When(stuck_condition(), then=Value(True)), default=Value(False))
@@ -269,6 +273,27 @@ class QueueItemAdmin(QueueItemModelAdmin):
     @admin.display(description="last error")
     def last_error_pretty(self, item: QueueItem) -> SafeString:
         return format_html("<pre>{}</pre>", item.last_error)
+
+    @admin.display(description="progress")
+    def progress_live(self, item: QueueItem) -> SafeString:
+        """The item's last progress report, re-read every 2 s while it runs."""
+        text = progress_text(item.progress)
+        if item.status != Status.IN_PROGRESS:
+            return format_html("<span>{}</span>", text)
+        url = reverse("admin:django_txqueue_queueitem_progress", args=[item.pk])
+        return format_html(
+            '<span data-refresh-url="{}" data-refresh-ms="2000">{}</span>', url, text
+        )
+
+    def progress_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The item's progress as the change page's live field re-reads it: plain text."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        pk = item_id(object_id)
+        item = QueueItem.objects.filter(pk=pk).first() if pk is not None else None
+        if item is None:
+            raise Http404("no such item")
+        return HttpResponse(escape(progress_text(item.progress)))  # the script sets innerHTML
 
     @admin.display(description="flow")
     def flow_link(self, item: QueueItem) -> SafeString | str:
@@ -337,7 +362,13 @@ class QueueItemAdmin(QueueItemModelAdmin):
             self.admin_site.admin_view(self.flow_view),
             name="django_txqueue_queueitem_flow",
         )
-        return [stuck, flow, *super().get_urls()]  # before "<path:object_id>/" can take them
+        progress = path(
+            "<path:object_id>/progress/",
+            self.admin_site.admin_view(self.progress_view),
+            name="django_txqueue_queueitem_progress",
+        )
+        # Before "<path:object_id>/" can take them.
+        return [stuck, flow, progress, *super().get_urls()]
 
     def stuck_view(self, request: HttpRequest) -> HttpResponse:
         """GET: the stuck items, why and how long. POST (change permission): rescue them all,

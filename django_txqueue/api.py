@@ -24,7 +24,7 @@ from .consumer.claims import Claims
 from .consumer.wakeup import wake_local_consumers
 from .db import dialect_for
 from .db.inserts import inserts
-from .models import QueueBound, QueueItem, QueueItemQuerySet, QueuePause
+from .models import QueueBound, QueueItem, QueueItemQuerySet, QueuePause, QueueProgress
 from .observe import reads, tracing
 from .status import Status
 from .store import fairness
@@ -448,7 +448,10 @@ class Queue:
 
         Returns how many were deleted.
         """
-        return store.purge(self.items, to_timedelta(older_than, "older_than"))
+        purged = store.purge(self.items, to_timedelta(older_than, "older_than"))
+        if purged:
+            store.forget_reports(QueueItem, QueueProgress, self.using)
+        return purged
 
 
 def requeue_all_stuck(using: str) -> int:

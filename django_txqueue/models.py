@@ -6,6 +6,7 @@ thin and delegate to ``store``, the one module that writes queue rows.
 
 from __future__ import annotations
 
+import math
 import operator
 import time
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ __all__ = [
     "QueueItem",
     "QueueModel",
     "QueuePause",
+    "QueueProgress",
     "ScheduleTick",
     "Status",
     "StatusIndex",
@@ -354,6 +356,25 @@ class QueueModel(models.Model):
         return store.fail(self, error)
 
 
+# ``report_progress`` writes at most once per this many seconds, however often called.
+PROGRESS_EVERY = 1.0
+# A progress message longer than this is cut: it is a status line, not a log.
+PROGRESS_MESSAGE_LENGTH = 500
+
+
+def progress_report(done: Any, total: Any, message: Any) -> dict[str, Any]:
+    """``report_progress``'s arguments as its report, or a clear error naming the bad one."""
+    for name, value in (("done", done), ("total", total)):
+        if value is None and name == "total":
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and value >= 0):
+            raise ValueError(f"report_progress: {name} must be a number >= 0, not {value!r}")
+    if not isinstance(message, str):
+        raise TypeError(f"report_progress: message must be a str, not {type(message).__name__}")
+    return {"done": done, "total": total, "message": message[:PROGRESS_MESSAGE_LENGTH]}
+
+
 class QueueItemQuerySet(QueueQuerySet["QueueItem"]):
     def ready(self) -> QueueItemQuerySet:
         """READY items whose ``run_at`` has come (database clock)."""
@@ -382,7 +403,10 @@ class QueueItemQuerySet(QueueQuerySet["QueueItem"]):
 
     def delete_finished(self) -> int:
         """Delete the DONE, FAILED and CANCELLED items among these; returns how many."""
-        return store.delete_finished(self)
+        deleted = store.delete_finished(self)
+        if deleted:
+            store.forget_reports(QueueItem, QueueProgress, self.db)
+        return deleted
 
     def cancel(self) -> int:
         """Cancel these items in one UPDATE: READY and WAITING ones end CANCELLED at once,
@@ -577,6 +601,40 @@ class QueueItem(QueueModel):
         ran = (timezone.now() - self.claimed_at).total_seconds()
         return max(float(timeout) - ran, 0.0)
 
+    def report_progress(self, done: float, total: float | None = None, message: str = "") -> bool:
+        """Record how far this item's handler has come, read back as ``progress`` here at
+        once, and by anyone (the admin, the dashboard, another process) once written.
+
+        Cheap to call every few rows: it writes at most once a second (``PROGRESS_EVERY``),
+        the latest report then, and the consumer writes a report still held back when the
+        handler returns. Fenced like an acknowledgement: False, and nothing written, once
+        this claim no longer holds the item; True otherwise (also when held back)."""
+        report = progress_report(done, total, message)
+        self.__dict__["_progress"] = report
+        now = time.monotonic()
+        if now - self.__dict__.get("_progress_written", -PROGRESS_EVERY) < PROGRESS_EVERY:
+            self.__dict__["_progress_held"] = True
+            return True
+        return self.write_progress(now)
+
+    def write_progress(self, now: float | None = None) -> bool:
+        """Write the report ``report_progress`` holds (the consumer calls this for one held
+        back when the handler returns); False if this claim no longer holds the item, or
+        there is no report to write."""
+        if "_progress" not in self.__dict__:
+            return False
+        self.__dict__.pop("_progress_held", None)
+        self.__dict__["_progress_written"] = time.monotonic() if now is None else now
+        return store.report_progress(self, QueueProgress, self.__dict__["_progress"])
+
+    @property
+    def progress(self) -> dict[str, Any] | None:
+        """The last progress report of the item's latest run, ``{"done", "total",
+        "message"}``, or None before any. One query, unless this instance reported it."""
+        if "_progress" in self.__dict__:
+            return self.__dict__["_progress"]  # type: ignore[no-any-return]
+        return store.read_progress(self, QueueProgress)
+
     def cancel_requested(self) -> bool:
         """Whether this item was asked to stop. No query: a consumer reads the requests
         for the items it runs with each lease renewal (every heartbeat), and ``cancel()``
@@ -613,6 +671,30 @@ class QueueDependency(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.item_id} after #{self.parent_id}"
+
+
+class QueueProgress(models.Model):
+    """The last progress report of an item's run (``QueueItem.report_progress``). A table
+    of its own rather than a column: the claim and the acknowledgement of the items that
+    never report are the statements they were, and read no extra column."""
+
+    item = models.OneToOneField(
+        QueueItem,
+        primary_key=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,  # finished items are purged in plain batches; see upkeep.purge
+        related_name="+",
+    )
+    # The claim that reported: a later run of the item does not show an earlier one's.
+    claim_token = models.BigIntegerField()
+    report = models.JSONField()  # {"done", "total", "message"}
+    reported_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        verbose_name = "queue progress report"
+
+    def __str__(self) -> str:
+        return f"#{self.item_id}: {self.report}"
 
 
 class QueuePause(models.Model):

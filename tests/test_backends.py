@@ -325,6 +325,16 @@ def test_a_task_that_snoozes_is_ready_again_and_not_finished(run_consumer):
 
 @needs_tasks
 @consumed
+def test_a_task_reports_progress_through_its_item(run_consumer):
+    result = tasks.reports_progress.enqueue(steps=3)
+    run_consumer("--burst")
+    assert tasks.reports_progress.get_result(result.id).return_value == "reported"
+    # The last report, held back by the once-a-second limit, written by the task itself.
+    assert item_of(result).progress == {"done": 3, "total": 3, "message": "working"}
+
+
+@needs_tasks
+@consumed
 def test_retried_task_is_ready_again_with_the_attempts_error(run_consumer):
     result = tasks.builtin_boom.enqueue()  # RETRY_DELAY is 10 s: not due again in this run
 

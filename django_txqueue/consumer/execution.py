@@ -91,6 +91,8 @@ def run_item(handle: registry.Handler, item: QueueItem) -> Outcome:
             outcome.result, outcome.acknowledged = run_atomic(handle, item)
         else:
             outcome.result = checked_result(handle(item), item)
+            if "_progress_held" in item.__dict__:  # report_progress writes once a second
+                item.write_progress()
     except Snooze as exc:
         outcome.snooze = exc.seconds
     except NotJSONSerializable as exc:
@@ -143,6 +145,8 @@ def run_atomic(handle: registry.Handler, item: QueueItem) -> tuple[Any, bool]:
     alias = item._state.db or "default"
     with transaction.atomic(using=alias):
         result = checked_result(handle(item), item)
+        if "_progress_held" in item.__dict__:  # before the acknowledgement ends the claim
+            item.write_progress()
         token = item.claim_token or 0
         ack = store.Ack(token, {item.pk: result}, store.claimed_dependents([item]))
         acknowledged = store.ack_many(QueueItem, alias, ack) == 1

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from .. import conf, store
 from ..api import Queue
-from ..models import Effect, QueueItem
+from ..models import Effect, QueueItem, QueueProgress
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ def purge_finished(alias: str, queues: Iterable[Queue], until: float) -> bool:
                 break  # the others next time (each purge does a batch at least)
         if kept_for is not None and time.monotonic() < until:
             effects = store.purge_effects(Effect.objects.using(alias), kept_for, until=until)
+    if items:
+        store.forget_reports(QueueItem, QueueProgress, alias)
     if items or effects:
         logger.info("purged %d finished items and %d once() records", items, effects)
     return time.monotonic() < until

@@ -28,6 +28,7 @@ from ..models import (
     QueueItem,
     QueueItemQuerySet,
     QueuePause,
+    QueueProgress,
     QueueRate,
     any_status,
 )
@@ -96,10 +97,41 @@ class Minute:
 
 
 @dataclass
+class RunningItem:
+    item: QueueItem
+    progress: dict[str, Any]
+
+    @property
+    def progress_text(self) -> str:
+        return progress_text(self.progress)
+
+
+def progress_text(report: dict[str, Any] | None) -> str:
+    """A progress report as a line: "40 of 100 (40%) · rows", "40 · rows", or "–"."""
+    if report is None:
+        return "–"
+    done, total = report["done"], report["total"]
+    text = f"{done:,}"
+    if total:
+        text += f" of {total:,} ({min(done / total, 1):.0%})"
+    return f"{text} · {report['message']}" if report["message"] else text
+
+
+def running_items(items: QueueItemQuerySet, limit: int = 20) -> list[RunningItem]:
+    """The ``limit`` longest-running items that have reported progress in their current
+    run, with their reports: one query, over the IN_PROGRESS index."""
+    running = store.running_reports(items.filter(status=Status.IN_PROGRESS), QueueProgress)
+    reporting = running.filter(progress_report__isnull=False).order_by("claimed_at", "pk")
+    return [RunningItem(item, item.progress_report) for item in reporting[:limit]]
+
+
+@dataclass
 class Overview:
     queues: list[QueueRow]
     minutes: list[Minute]
     consumers: int  # live ones, serving any queue
+    # The running items that report their progress, longest-running first.
+    running: list[RunningItem] = field(default_factory=list)
     generated_at: dt.datetime = field(default_factory=timezone.now)
     databases: list[str] = field(default_factory=list)  # more than one: rows name theirs
 
@@ -115,7 +147,7 @@ class Overview:
 
 
 def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
-    """Everything the dashboard shows, read from ``items`` and ``consumers``: six queries,
+    """Everything the dashboard shows, read from ``items`` and ``consumers``: seven queries,
     and one more per fair or ordered queue."""
     rows: dict[str, QueueRow] = {}
 
@@ -135,7 +167,8 @@ def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
             queue.keys = fairness.key_stats(items.filter(queue=queue.name, status=Status.READY))
 
     minutes = last_hour(items, row)
-    return Overview(sorted(rows.values(), key=lambda r: r.name), minutes, live)
+    queues = sorted(rows.values(), key=lambda r: r.name)
+    return Overview(queues, minutes, live, running_items(items))
 
 
 def current(
@@ -227,7 +260,8 @@ def overview_of(aliases: list[str]) -> Overview:
             total.done += minute.done
             total.failed += minute.failed
     consumers = sum(part.consumers for part in parts.values())
-    return Overview(queues, minutes, consumers, databases=list(parts))
+    running = [running for part in parts.values() for running in part.running]
+    return Overview(queues, minutes, consumers, running, databases=list(parts))
 
 
 def oldest_ready_ages(

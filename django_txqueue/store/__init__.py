@@ -11,6 +11,7 @@ so the store works for any ``QueueModel`` and imports no models itself.
 - ``acks``: settling a claim: acknowledge, retry, fail, release;
 - ``upkeep``: leases, rescues, requeues, purges;
 - ``control``: cancelling items, pausing and resuming queues;
+- ``progress``: running items' progress reports;
 - ``consumers``: the consumers' identities and their ``Consumer`` rows;
 - ``conflicts``: a transaction refused by a conflict, run again;
 - ``backoff`` and ``fairness``: retry delays, and fair and ordered queues' rounds and filters.
@@ -59,6 +60,7 @@ from .items import (
     record_effect,
     trim_ticks,
 )
+from .progress import forget_reports, read_progress, report_progress, running_reports
 from .rates import Allowance
 from .upkeep import (
     PURGE_LOCK,
@@ -124,4 +126,8 @@ __all__ = [
     "cancel_item",
     "pause",
     "resume",
+    "report_progress",
+    "read_progress",
+    "running_reports",
+    "forget_reports",
 ]

@@ -116,3 +116,21 @@ def leaky(item):
     Run.objects.create(item_id=item.pk, consumer=item.pid)
     LEAKED.append(bytearray(10 * 2**20))
     time.sleep(0.05)
+
+
+@handler("progress")
+def reports_progress(item):
+    """Works through ``steps`` steps of ``pause`` seconds, reporting each; with ``calls``,
+    reports that many times as fast as it can first (``report_progress`` holds them back)."""
+    options = item.payload if isinstance(item.payload, dict) else {}
+    steps = options.get("steps", 3)
+    for call in range(options.get("calls", 0)):
+        item.report_progress(call, options["calls"], "counting")
+    for step in range(steps):
+        item.report_progress(step, steps, f"step {step} of {steps}")
+        time.sleep(options.get("pause", 0))
+    item.report_progress(steps, steps, "all steps")
+    return "done"
+
+
+handler("progress_atomic", atomic=True)(reports_progress)

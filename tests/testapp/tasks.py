@@ -77,3 +77,15 @@ def flaky(context: Any) -> int:
 def exits() -> None:
     """A task that calls sys.exit(): its attempt's failure, not the consumer's end."""
     raise SystemExit(3)
+
+
+@task(takes_context=True)
+def reports_progress(context: Any, steps: int) -> str:
+    """Reports its progress through its item, as docs/consumers.md's recipe says."""
+    from django_txqueue.models import QueueItem
+
+    item = QueueItem.objects.get(pk=context.task_result.id)
+    for step in range(1, steps + 1):
+        item.report_progress(step, steps, "working")
+    item.write_progress()  # the last report, which the once-a-second limit held back
+    return "reported"
