@@ -1,8 +1,9 @@
 """The Django admin pages: queue items (with requeue, mark failed and delete), the stuck
-items (with a rescue button), consumers, and a dashboard of every queue (with pause and
-resume buttons).
+items (with a rescue button), consumers, a dashboard of every queue (with pause and
+resume buttons), and the schedule's entries kept in the database (edited here, with run
+now, enable and disable; the settings' entries shown beside them, read-only).
 
-The pages only read; every change goes through the queryset methods and so through
+The queue pages only read; every change goes through the queryset methods and so through
 ``store``, in one statement that re-checks each row's state, never through a form that
 writes a whole row back (which would undo a consumer's acknowledgement in between).
 Everything users wrote (payloads, keys, errors, queue names) goes out escaped.
@@ -14,6 +15,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
@@ -38,6 +40,7 @@ from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import escape, format_html
 from django.utils.http import urlencode
@@ -46,6 +49,7 @@ from django.utils.timesince import timesince
 
 from . import conf, schedule
 from .api import Queue, queue_databases, requeue_all_stuck
+from .checks import schedule_task_problems
 from .db import dialect_for
 from .flows import Flow
 from .models import (
@@ -54,6 +58,7 @@ from .models import (
     QueueDependency,
     QueueItem,
     QueueItemQuerySet,
+    Schedule,
     Status,
     stuck_condition,
 )
@@ -81,9 +86,13 @@ if TYPE_CHECKING:
     QueueItemModelAdmin = admin.ModelAdmin[QueueItem]
     ConsumerModelAdmin = admin.ModelAdmin[Consumer]
     DashboardModelAdmin = admin.ModelAdmin[Dashboard]
+    ScheduleModelAdmin = admin.ModelAdmin[Schedule]
+    ScheduleModelForm = forms.ModelForm[Schedule]
     AnyPaginator = Paginator[Any]
 else:
     QueueItemModelAdmin = ConsumerModelAdmin = DashboardModelAdmin = admin.ModelAdmin
+    ScheduleModelAdmin = admin.ModelAdmin
+    ScheduleModelForm = forms.ModelForm
     AnyPaginator = Paginator
 
 STUCK_PAGE_ROWS = 500  # the page lists the longest-claimed; the rescue takes them all
@@ -102,6 +111,10 @@ def dot(colour: str, label: str) -> SafeString:
 
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def entries(count: int) -> str:
+    return "1 entry" if count == 1 else f"{count} entries"
 
 
 def may(request: HttpRequest, action: str) -> bool:
@@ -676,3 +689,105 @@ class DashboardAdmin(DashboardModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class ScheduleForm(ScheduleModelForm):
+    """The model's checks (``Schedule.clean``), and a TASK's, which loads the task."""
+
+    class Meta:
+        model = Schedule
+        fields = "__all__"
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("task"):
+            options = {
+                "TASK": data["task"],
+                "ARGS": data.get("args"),
+                "KWARGS": data.get("kwargs"),
+            }
+            for problem in schedule_task_problems(options):
+                self.add_error("task", problem)
+        return data
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(ScheduleModelAdmin):
+    """The entries kept in the database: saved rows reach the consumers on their next
+    look. The changelist shows ``TXQUEUE["SCHEDULE"]``'s entries too, read-only."""
+
+    form = ScheduleForm
+    list_display = ("name", "enqueues", "timing", "enabled", "last_run", "next_run")
+    list_filter = ("enabled", "catch_up")
+    search_fields = ("name", "queue", "task")
+    ordering = ("name",)
+    actions = ("run_now", "enable", "disable", "delete_selected")
+    readonly_fields = ("created_at", "updated_at")
+    fieldsets = (
+        (None, {"fields": ("name", "enabled")}),
+        (
+            "What it enqueues: a queue's item, or a task",
+            {"fields": ("queue", "payload", "priority", "key", "task", "args", "kwargs")},
+        ),
+        ("When: a cron expression or an interval", {"fields": ("cron", "every", "catch_up")}),
+        ("Record", {"fields": ("created_at", "updated_at")}),
+    )
+    change_list_template = "admin/django_txqueue/schedule/change_list.html"
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        # The page's last and next runs: one query per database the entries go to.
+        changelist = super().get_changelist_instance(request)
+        rows = list(changelist.result_list)
+        runs = {
+            run.name: run for run in schedule.overview([schedule.Entry.of_row(r) for r in rows])
+        }
+        for row in rows:
+            row.runs = runs[row.name]
+        changelist.result_list = rows
+        return changelist
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {**(extra_context or {}), "schedule": schedule.overview()}
+        return super().changelist_view(request, context)
+
+    @admin.display(description="enqueues")
+    def enqueues(self, row: Schedule) -> str:
+        return f"queue {row.queue}" if row.queue else f"task {row.task}"
+
+    @admin.display(description="schedule")
+    def timing(self, row: Schedule) -> str:
+        return schedule.Entry.of_row(row).timing()
+
+    @admin.display(description="last run")
+    def last_run(self, row: Schedule) -> Any:
+        runs = getattr(row, "runs", None)
+        return runs.last_run if runs and runs.last_run else "never"
+
+    @admin.display(description="next run")
+    def next_run(self, row: Schedule) -> Any:
+        runs = getattr(row, "runs", None)
+        if not row.enabled:
+            return "– (disabled)"
+        return runs.next_run if runs and runs.next_run else "–"
+
+    @admin.action(description="Run selected entries now (one item each)", permissions=["change"])
+    def run_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        for row in queryset.order_by("name"):
+            try:
+                pk = schedule.run_now(row)
+            except Exception as exc:  # a task that does not load, a queue that refuses
+                self.message_user(request, f"{row.name}: not enqueued: {exc}", messages.ERROR)
+                continue
+            self.message_user(request, f"{row.name}: enqueued item {pk}.")
+
+    @admin.action(description="Enable selected entries", permissions=["change"])
+    def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        count = queryset.update(enabled=True, updated_at=timezone.now())
+        self.message_user(request, f"{entries(count)} enabled.")
+
+    @admin.action(description="Disable selected entries", permissions=["change"])
+    def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        count = queryset.update(enabled=False, updated_at=timezone.now())
+        self.message_user(request, f"{entries(count)} disabled.")

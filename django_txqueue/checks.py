@@ -16,6 +16,7 @@ from .validation import (
     INT_RANGE,
     MAX_LABEL,
     check_json,
+    cron_problem,
     parse_rate,
     queue_name_problem,
     validate_int,
@@ -210,7 +211,7 @@ def _check_schedule_entry(name: Any, options: Any) -> list[CheckMessage]:
         for code, found in (
             ("txqueue.E008", _schedule_timing_problems(upper)),
             ("txqueue.E009", _schedule_item_problems(upper)),
-            ("txqueue.E010", _schedule_task_problems(upper)),
+            ("txqueue.E010", schedule_task_problems(upper)),
         )
         for problem in found
     ]
@@ -221,7 +222,7 @@ def _schedule_timing_problems(options: dict[str, Any]) -> list[str]:
     if ("CRON" in options) == ("EVERY" in options):
         return ["give CRON (a cron expression) or EVERY (seconds), one of them"]
     if "CRON" in options:
-        problem = schedule.cron_problem(options["CRON"])
+        problem = cron_problem(options["CRON"])
         return [f"CRON {problem}"] if problem else []
     if not _positive_int(options["EVERY"]):
         return [f"EVERY is {options['EVERY']!r}; it must be a positive whole number of seconds"]
@@ -254,7 +255,7 @@ def _schedule_item_problems(options: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _schedule_task_problems(options: dict[str, Any]) -> list[str]:
+def schedule_task_problems(options: dict[str, Any]) -> list[str]:
     if "TASK" not in options:
         return []
     from .tasks.backend import TxQueueBackend  # only then: it imports the Tasks framework

@@ -14,7 +14,9 @@ from datetime import timedelta
 from functools import reduce
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.backends.ddl_references import Statement
 from django.db.models import Case, F, Q, When
@@ -26,7 +28,7 @@ from .db import dialect
 from .db.compiler import ClaimStatement
 from .exceptions import Snooze
 from .status import UNFINISHED, Status
-from .validation import MAX_LABEL, MAX_QUEUE_NAME
+from .validation import MAX_LABEL, MAX_QUEUE_NAME, cron_problem, queue_name_problem
 
 if TYPE_CHECKING:
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
@@ -742,3 +744,83 @@ class Dashboard(QueueItem):
         verbose_name = "dashboard"
         verbose_name_plural = "dashboard"
         default_permissions = ()
+
+
+class Schedule(models.Model):
+    """A periodic entry kept in the database, edited in the admin: the same as a
+    ``TXQUEUE["SCHEDULE"]`` entry, read by the consumers' schedulers on each look, so that a
+    change or a pause takes effect without a deploy (docs/control.md: Periodic items)."""
+
+    class CatchUp(models.TextChoices):
+        LATEST = "latest", "the latest missed tick"
+        NONE = "none", "none: missed ticks are skipped"
+
+    name = models.CharField(max_length=MAX_LABEL, unique=True)
+    # What it enqueues: an item on QUEUE (with PAYLOAD, PRIORITY, KEY), or TASK's task.
+    queue = models.CharField(max_length=MAX_QUEUE_NAME, blank=True, default="")
+    task = models.CharField(
+        max_length=255, blank=True, default="", help_text="A Django Task's dotted path."
+    )
+    # When: a cron expression (read in TIME_ZONE) or every so many seconds, one of them.
+    cron = models.CharField(max_length=255, blank=True, default="")
+    every = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="Seconds."
+    )
+    payload = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    priority = models.IntegerField(default=0)
+    key = models.CharField(max_length=MAX_LABEL, blank=True, default="")
+    args = models.JSONField(default=list, blank=True, help_text="A TASK's positional arguments.")
+    kwargs = models.JSONField(default=dict, blank=True, help_text="A TASK's keyword arguments.")
+    catch_up = models.CharField(max_length=6, choices=CatchUp.choices, default=CatchUp.LATEST)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "schedule entry"
+        verbose_name_plural = "schedule"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(cron="", every__isnull=False) | (~Q(cron="") & Q(every__isnull=True)),
+                name="txqueue_schedule_one_timing",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        """What the system checks say of a settings entry, per field (a TASK's path is
+        checked by the admin's form, which may load it)."""
+        errors: dict[str, list[str]] = {}
+
+        def refuse(field: str, message: str) -> None:
+            errors.setdefault(field, []).append(message)
+
+        if self.name and self.name in (conf.get("SCHEDULE") or {}):
+            refuse("name", 'TXQUEUE["SCHEDULE"] has an entry of this name; choose another.')
+        if bool(self.cron) == (self.every is not None):
+            refuse("cron", "Give a cron expression or an interval (every), one of them.")
+        elif self.cron and (problem := cron_problem(self.cron)) is not None:
+            refuse("cron", problem[0].upper() + problem[1:] + ".")
+        if bool(self.queue) == bool(self.task):
+            refuse("queue", "Give a queue or a task, one of them.")
+        elif self.queue and (problem := queue_name_problem(self.queue)) is not None:
+            refuse("queue", problem)
+        if self.task:
+            for field in ("payload", "key"):
+                if getattr(self, field) not in (None, ""):
+                    refuse(field, "A task has its own arguments: give them in args and kwargs.")
+            if self.priority:
+                refuse("priority", "A task has its own priority: set it on the task.")
+        else:
+            if self.args:
+                refuse("args", "Arguments go with a task only.")
+            if self.kwargs:
+                refuse("kwargs", "Arguments go with a task only.")
+        if not isinstance(self.args, list):
+            refuse("args", "A list of arguments.")
+        if not isinstance(self.kwargs, dict):
+            refuse("kwargs", "A dict of keyword arguments.")
+        if errors:
+            raise ValidationError(errors)

@@ -21,15 +21,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from cronsim import CronSim, CronSimError
+from cronsim import CronSim
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from . import conf, store
 from .api import Queue, home_database
-from .models import ScheduleTick
+from .models import Schedule, ScheduleTick
+from .validation import cron_problem as cron_problem  # its old home
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ class Entry:
     task: str | None = None
     args: list[Any] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # At a consumer's start (or when a row is enabled again): "latest" enqueues the latest
+    # tick missed, if it was not enqueued yet; "none" skips the missed ticks.
+    catch_up: str = "latest"
 
     @classmethod
     def of(cls, name: str, options: dict[str, Any]) -> Entry:
@@ -78,6 +82,23 @@ class Entry:
             task=upper.get("TASK"),
             args=list(upper.get("ARGS") or []),
             kwargs=dict(upper.get("KWARGS") or {}),
+        )
+
+    @classmethod
+    def of_row(cls, row: Schedule) -> Entry:
+        """The entry of a ``Schedule`` row (its blank fields are the keys left out)."""
+        return cls(
+            name=row.name,
+            cron=row.cron or None,
+            every=row.every,
+            queue=row.queue or None,
+            payload=row.payload,
+            priority=row.priority,
+            key=row.key or None,
+            task=row.task or None,
+            args=list(row.args or []),
+            kwargs=dict(row.kwargs or {}),
+            catch_up=row.catch_up,
         )
 
     # -- where it goes -------------------------------------------------------------
@@ -197,15 +218,22 @@ def entries() -> list[Entry]:
     return [Entry.of(name, options) for name, options in (conf.get("SCHEDULE") or {}).items()]
 
 
-def cron_problem(expression: Any) -> str | None:
-    """Why ``expression`` is not a cron expression cronsim evaluates, or None."""
-    if not isinstance(expression, str):
-        return f"a cron expression is a string, not {type(expression).__name__}"
-    try:
-        CronSim(expression, datetime.now(UTC))
-    except CronSimError as exc:
-        return f"{expression!r} is not a cron expression: {exc}"
-    return None
+def database_entries() -> list[Entry]:
+    """The enabled ``Schedule`` rows' entries, in one query (on the database Django's router
+    reads ``Schedule`` from). A row named as a settings entry is left out: settings win
+    (the admin refuses such a name; this covers a settings entry added later)."""
+    taken = set(conf.get("SCHEDULE") or {})
+    rows = Schedule.objects.filter(enabled=True).exclude(name__in=taken)
+    return [Entry.of_row(row) for row in rows]
+
+
+def run_now(row: Schedule) -> int:
+    """Enqueue one item of ``row``'s entry now, as its ticks are (the admin's "run now");
+    its primary key. It is not a tick: the entry's ticks go on as scheduled."""
+    entry = Entry.of_row(row)
+    using = entry.database()
+    with transaction.atomic(using=using):
+        return entry.enqueue(datetime.now(UTC), using)
 
 
 def epoch_time(seconds: int) -> datetime:
@@ -254,7 +282,9 @@ class Scheduler:
         """Enqueue the due ticks of the entries of queues ``served``; seconds until the
         next tick of any (at most LONGEST_WAIT)."""
         now = datetime.now(UTC)
-        mine = [entry for entry in entries() if self._serves(entry, served)]
+        mine = [
+            entry for entry in [*entries(), *database_entries()] if self._serves(entry, served)
+        ]
         new = [entry.name for entry in mine if entry.name not in self.since]
         recorded = last_ticks(self.using, new) if new else {}
         for entry in mine:
@@ -262,6 +292,8 @@ class Scheduler:
             if since is None:  # start-up: the latest tick missed, if any was
                 latest, last = entry.latest(now), recorded.get(entry.name)
                 due = [latest] if latest is not None and last is not None and latest > last else []
+                if entry.catch_up == "none":
+                    due = []
             else:
                 due = entry.ticks(since, now)
             for tick in due:
@@ -320,12 +352,12 @@ class Row:
     next_run: datetime | None
 
 
-def overview() -> list[Row]:
-    """Every entry with its last run (its latest tick enqueued) and its next run: one
-    query per database the entries' items go to. An entry the system checks refuse
-    shows why in place of what it enqueues."""
+def overview(of: Collection[Entry] | None = None) -> list[Row]:
+    """Every entry of settings (or those ``of``) with its last run (its latest tick
+    enqueued) and its next run: one query per database the entries' items go to. An entry
+    the system checks refuse shows why in place of what it enqueues."""
     now = datetime.now(UTC)
-    found = sorted(entries(), key=lambda entry: entry.name)
+    found = sorted(entries() if of is None else of, key=lambda entry: entry.name)
     placed: dict[str, list[str]] = {}
     targets: dict[str, str] = {}
     for entry in found:

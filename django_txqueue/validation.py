@@ -11,9 +11,10 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from cronsim import CronSim, CronSimError
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
@@ -177,3 +178,14 @@ def validate_run_at(run_at: Any) -> datetime:
     if not settings.USE_TZ and timezone.is_aware(run_at):
         return timezone.make_naive(run_at)
     return run_at
+
+
+def cron_problem(expression: Any) -> str | None:
+    """Why ``expression`` is not a cron expression cronsim evaluates, or None."""
+    if not isinstance(expression, str):
+        return f"a cron expression is a string, not {type(expression).__name__}"
+    try:
+        CronSim(expression, datetime.now(UTC))
+    except CronSimError as exc:
+        return f"{expression!r} is not a cron expression: {exc}"
+    return None
