@@ -335,3 +335,39 @@ def test_pause_and_resume_a_queue_from_the_dashboard(cinema, page):
     expect(page.locator("ul.messagelist")).to_contain_text("Queue 'sms' resumed")
     expect(sms.get_by_role("button", name="Pause")).to_be_visible()
     assert cinema.shell(is_paused).strip() == "False"
+
+
+def test_schedule_an_entry_edit_it_disable_it_and_run_it_now(cinema, page):
+    from playwright.sync_api import expect
+
+    schedule_page = "/admin/django_txqueue/schedule/"
+    items = "from django_txqueue import Queue; print(Queue('reports').items.count())"
+    page.goto(f"{schedule_page}add/")
+    page.locator("#id_name").fill("browser-beat")
+    page.locator("#id_queue").fill("reports")
+    page.locator("#id_cron").fill("0 25 * * *")  # no hour 25: refused before it is saved
+    page.locator("input[name=_save]").click()
+    expect(page.locator(".field-cron .errorlist")).to_contain_text("not a cron expression")
+    page.locator("#id_cron").fill("0 3 * * *")
+    page.locator("input[name=_save]").click()
+    expect(page).to_have_url(re.compile(r"/admin/django_txqueue/schedule/$"))
+    row = page.locator("#result_list tbody tr", has_text="browser-beat")
+    expect(row).to_contain_text("cron 0 3 * * *")
+
+    row.get_by_role("link", name="browser-beat").click()
+    page.locator("#id_cron").fill("")
+    page.locator("#id_every").fill("3600")
+    page.locator("input[name=_save]").click()
+    expect(row).to_contain_text("every 3600 s")
+
+    def act(action, message):
+        row.locator("input.action-select").check()
+        page.locator("select[name=action]").select_option(action)
+        page.locator("div.actions button[name=index]").click()
+        expect(page.locator("ul.messagelist")).to_contain_text(message)
+
+    act("disable", "1 entry disabled.")
+    expect(row).to_contain_text("(disabled)")
+    assert cinema.shell(items).strip() == "0"
+    act("run_now", "Browser-beat: enqueued item")
+    assert cinema.shell(items).strip() == "1"
