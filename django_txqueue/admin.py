@@ -671,7 +671,7 @@ class DashboardAdmin(DashboardModelAdmin):
             "refresh_ms": self.refresh_seconds * 1000,
         }
         if not request.GET.get("fragment"):  # the periodic items: on the page, not re-read
-            context["schedule"] = schedule.overview()
+            context["schedule"] = schedule.overview(schedule.every_entry())
         if request.GET.get("fragment"):
             template = "admin/django_txqueue/dashboard/live.html"
         else:

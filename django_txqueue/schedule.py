@@ -227,6 +227,11 @@ def database_entries() -> list[Entry]:
     return [Entry.of_row(row) for row in rows]
 
 
+def every_entry() -> list[Entry]:
+    """The settings' entries and the enabled rows', as the consumers run them."""
+    return [*entries(), *database_entries()]
+
+
 def run_now(row: Schedule) -> int:
     """Enqueue one item of ``row``'s entry now, as its ticks are (the admin's "run now");
     its primary key. It is not a tick: the entry's ticks go on as scheduled."""
@@ -282,9 +287,7 @@ class Scheduler:
         """Enqueue the due ticks of the entries of queues ``served``; seconds until the
         next tick of any (at most LONGEST_WAIT)."""
         now = datetime.now(UTC)
-        mine = [
-            entry for entry in [*entries(), *database_entries()] if self._serves(entry, served)
-        ]
+        mine = [entry for entry in every_entry() if self._serves(entry, served)]
         new = [entry.name for entry in mine if entry.name not in self.since]
         recorded = last_ticks(self.using, new) if new else {}
         for entry in mine:

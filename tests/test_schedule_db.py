@@ -4,10 +4,12 @@ per tick however many look, a change taken on the next look), catch-up, run now,
 admin's pages."""
 
 import datetime as dt
+import io
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.exceptions import ValidationError
+from django.core.management import call_command
 from django.urls import reverse
 
 from django_txqueue import Queue
@@ -187,6 +189,19 @@ class TestAdmin:
         assert "Nov. 25, 2026" in content or "2026-11-25" in content
         assert "(disabled)" in content and "never" in content
         assert 'id="schedule-table"' in content and 'data-entry="nightly"' in content
+
+    def test_the_dashboard_and_txqueue_schedule_list_the_enabled_rows_too(self, admin_client):
+        entry_row(name="db-beat", every=60)
+        entry_row(name="db-off", every=60, enabled=False)
+        with schedule(nightly={"QUEUE": "r", "CRON": "0 4 * * *"}):
+            page = admin_client.get(reverse("admin:django_txqueue_dashboard_changelist"))
+            out = io.StringIO()
+            call_command("txqueue_schedule", stdout=out)
+        content = page.content.decode()
+        assert 'data-entry="db-beat"' in content and 'data-entry="nightly"' in content
+        assert 'data-entry="db-off"' not in content  # disabled: nothing runs it
+        listed = [line.split()[0] for line in out.getvalue().splitlines()[1:]]
+        assert listed == ["db-beat", "nightly"]
 
     def test_add_saves_a_good_entry(self, admin_client):
         response = admin_client.post(ADD, form(cron="0 3 * * *", payload='{"a": 1}'))

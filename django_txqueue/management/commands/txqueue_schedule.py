@@ -1,4 +1,5 @@
-"""``manage.py txqueue_schedule``: the ``SCHEDULE`` entries, with their last and next runs."""
+"""``manage.py txqueue_schedule``: the ``SCHEDULE`` entries and the enabled ``Schedule``
+rows, with their last and next runs."""
 
 from __future__ import annotations
 
@@ -8,21 +9,23 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from ...schedule import overview
+from ...schedule import every_entry, overview
 
 TITLES = ("entry", "enqueues", "schedule", "last run", "next run")
 
 
 class Command(BaseCommand):
     help = (
-        "List TXQUEUE['SCHEDULE']'s entries: what each enqueues, when, its last run (the "
-        "latest tick enqueued) and its next run, in TIME_ZONE."
+        "List TXQUEUE['SCHEDULE']'s entries and the enabled Schedule rows: what each "
+        "enqueues, when, its last run (the latest tick enqueued) and its next run, in TIME_ZONE."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        rows = overview()
+        rows = overview(every_entry())
         if not rows:
-            self.stdout.write("No schedule entries (TXQUEUE['SCHEDULE'] is empty).")
+            self.stdout.write(
+                "No schedule entries (TXQUEUE['SCHEDULE'] is empty; no Schedule row is enabled)."
+            )
             return
         cells = [list(TITLES)] + [
             [row.name, row.target, row.timing, shown(row.last_run, "never"), shown(row.next_run)]
