@@ -64,6 +64,7 @@ from .models import (
 )
 from .observe.chart import throughput_chart
 from .observe.flowchart import MOST_DRAWN, flow_chart
+from .observe.logs import counted
 from .observe.reads import overview_of, progress_text, stuck_items
 from .status import FINISHED
 
@@ -333,7 +334,7 @@ class QueueItemAdmin(QueueItemModelAdmin):
                 raise PermissionDenied
             cancelled = QueueItem.objects.filter(flow=flow.id).cancel()
             self.message_user(
-                request, f"Cancelled {cancelled} item(s) of the flow.", messages.SUCCESS
+                request, f"Cancelled {counted(cancelled, 'item')} of the flow.", messages.SUCCESS
             )
             return HttpResponseRedirect(request.path)
         pks = [i.pk for i in flow.items]
@@ -392,7 +393,9 @@ class QueueItemAdmin(QueueItemModelAdmin):
             if not self.has_change_permission(request):
                 raise PermissionDenied
             rescued = requeue_all_stuck(router.db_for_write(QueueItem))
-            self.message_user(request, f"Rescued {rescued} stuck item(s).", messages.SUCCESS)
+            self.message_user(
+                request, f"Rescued {counted(rescued, 'stuck item')}.", messages.SUCCESS
+            )
             return HttpResponseRedirect(request.path)
         items = QueueItem.objects.all()  # on the database the item pages read
         shown = stuck_items(items, Consumer.objects.using(items.db), STUCK_PAGE_ROWS)

@@ -271,7 +271,7 @@ class TestStuckPage:
     def test_rescue(self, admin_client, world):
         response = admin_client.post(STUCK, follow=True)
         assert response.redirect_chain == [(STUCK, 302)]
-        assert "Rescued 2 stuck item(s)." in message(response)
+        assert "Rescued 2 stuck items." in message(response)
         for name in ("orphan", "expired"):
             assert status_of(world[name]) == Status.READY
         assert status_of(world["running"]) == Status.IN_PROGRESS
@@ -280,7 +280,7 @@ class TestStuckPage:
     def test_rescue_follows_each_queues_rescue_setting(self, admin_client, world, settings):
         settings.TXQUEUE = {"QUEUES": {"beta": {"RESCUE": "fail"}}}
         gamma = in_progress("gamma", DEAD)
-        assert "Rescued 3 stuck item(s)." in message(admin_client.post(STUCK, follow=True))
+        assert "Rescued 3 stuck items." in message(admin_client.post(STUCK, follow=True))
         assert status_of(world["orphan"]) == status_of(world["expired"]) == Status.FAILED
         assert status_of(gamma) == Status.READY
 

@@ -503,7 +503,7 @@ def test_the_command_cancels_the_items_named(queue):
     first, second, third = queue.enqueue_many([{}, {}, {}])
     theirs = enqueue(f"{queue.name}-other", {})
     out = run(queue.name, "--id", str(first.pk), str(theirs.pk), "--id", str(third.pk))
-    assert "Cancelled 2 item(s)" in out
+    assert "Cancelled 2 items" in out
     statuses = [stored(item).status for item in (first, second, third, theirs)]
     assert statuses == [Status.CANCELLED, Status.READY, Status.CANCELLED, Status.READY]
 
@@ -513,7 +513,7 @@ def test_the_command_cancels_a_whole_queue_only_when_told(queue):
     with pytest.raises(CommandError):
         run(queue.name)
     assert queue.count(Status.READY) == 2
-    assert "Cancelled 2 item(s)" in run(queue.name, "--all")
+    assert "Cancelled 2 items" in run(queue.name, "--all")
     assert queue.count(Status.CANCELLED) == 2
 
 

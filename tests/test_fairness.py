@@ -344,7 +344,10 @@ def test_txqueue_stats_shows_the_keys(db, capsys):
     queue.enqueue({}, key="b")
     call_command("txqueue_stats", "ordered")
     out = capsys.readouterr().out
-    assert "keys waiting" in out.lower() and "a (2)" in out and "b (1)" in out
+    assert "ordered: 2 keys waiting" in out and "a (2)" in out and "b (1)" in out
+    queue.items.filter(key="b").delete()
+    call_command("txqueue_stats", "ordered")
+    assert "ordered: 1 key waiting" in capsys.readouterr().out
 
 
 # -- concurrency: several processes on one database ------------------------------------

@@ -555,7 +555,7 @@ def test_cancelling_a_flow_in_the_admin_needs_the_change_permission(client, admi
     assert client.post(flow_page(flow.items[0])).status_code == 403
     assert [stored(i).status for i in flow.items] == [Status.READY, Status.WAITING]
     response = admin_client.post(flow_page(flow.items[0]), follow=True)
-    assert "Cancelled 2 item(s) of the flow." in message(response)
+    assert "Cancelled 2 items of the flow." in message(response)
     assert [stored(i).status for i in flow.items] == [Status.CANCELLED] * 2
 
 

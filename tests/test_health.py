@@ -127,7 +127,7 @@ class TestHeartbeat:
         status, output = probe("--max-heartbeat-age", "30")
         assert status == 0
         line = one_line(output)
-        assert line.startswith("ok: database 'default' reachable; 1 consumers on host ")
+        assert line.startswith("ok: database 'default' reachable; 1 consumer on host ")
         assert f"host {HOST} heartbeating (oldest " in line
 
     def test_a_silent_consumer_is_unhealthy(self):
@@ -160,7 +160,7 @@ class TestHeartbeat:
         consumer(silent_for=1, started_ago=10)
         status, output = probe("--max-heartbeat-age", "30")
         assert status == 0
-        assert "1 consumers on host" in output
+        assert "1 consumer on host" in output
 
     def test_consumer_pid_checks_that_process_only(self):
         consumer(silent_for=1)
@@ -168,7 +168,7 @@ class TestHeartbeat:
         assert probe("--max-heartbeat-age", "30", "--consumer-pid", str(os.getpid()))[0] == 0
         status, output = probe("--max-heartbeat-age", "30", "--consumer-pid", str(os.getppid()))
         assert status == 1
-        assert f"consumers on pid {os.getppid()} silent for" in one_line(output)
+        assert f"1 of 1 consumer on pid {os.getppid()} silent for" in one_line(output)
         status, output = probe("--max-heartbeat-age", "30", "--consumer-pid", str(dead_pid()))
         assert (status, output.startswith("unhealthy: no consumer running on pid ")) == (1, True)
 

@@ -234,7 +234,7 @@ class TestRescue:
         )
         with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.housekeeping"):
             thread._rescue()
-        assert "released 1 items claimed by a claim whose answer was lost" in caplog.text
+        assert "released 1 item claimed by a claim whose answer was lost" in caplog.text
         statuses = dict(QueueItem.objects.values_list("pk", "status"))
         assert statuses == {
             lost.pk: Status.READY,

@@ -9,7 +9,7 @@ import pytest
 
 from django_txqueue import Queue, Status
 from django_txqueue.consumer.worker import Worker
-from django_txqueue.observe.logs import about
+from django_txqueue.observe.logs import about, counted
 from django_txqueue.tasks.backend import TASKS_FRAMEWORK, run_task
 from tests.helpers import running, wait_for
 
@@ -120,3 +120,14 @@ def test_the_fields_are_no_log_record_attributes_and_reach_a_json_formatter(db):
         "attempt": 0,  # not claimed yet
         "consumer": "",
     }
+
+
+def test_counts_are_written_in_the_singular_for_one():
+    """ "1 consumer", never "1 consumers" (issue 39, item 6)."""
+    assert [counted(n, "consumer") for n in (0, 1, 2)] == [
+        "0 consumers",
+        "1 consumer",
+        "2 consumers",
+    ]
+    assert counted(1, "once() record") == "1 once() record"
+    assert counted(3, "entry", "entries") == "3 entries"

@@ -730,7 +730,8 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             out = io.StringIO()
             call_command("txqueue_requeue_stuck", *([] if everywhere else [name]), stdout=out)
-            assert out.getvalue().strip() == f"Rescued {len(stuck)} stuck item(s)."
+            noun = "item" if len(stuck) == 1 else "items"
+            assert out.getvalue().strip() == f"Rescued {len(stuck)} stuck {noun}."
 
     def draw_selection(self, data, name) -> tuple[list[Item], object]:
         """Some items of queue ``name`` (now and then all of them) and the queryset naming

@@ -19,6 +19,7 @@ from datetime import timedelta
 from .. import conf, store
 from ..api import Queue
 from ..models import Effect, QueueItem, QueueProgress
+from ..observe.logs import counted
 
 logger = logging.getLogger(__name__)
 
@@ -50,5 +51,9 @@ def purge_finished(alias: str, queues: Iterable[Queue], until: float) -> bool:
     if items:
         store.forget_reports(QueueItem, QueueProgress, alias)
     if items or effects:
-        logger.info("purged %d finished items and %d once() records", items, effects)
+        logger.info(
+            "purged %s and %s",
+            counted(items, "finished item"),
+            counted(effects, "once() record"),
+        )
     return time.monotonic() < until

@@ -16,6 +16,7 @@ from .. import store
 from ..api import Queue
 from ..models import QueueItem
 from ..observe import metrics
+from ..observe.logs import counted
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def rescue_stuck(alias: str, queues: Iterable[Queue]) -> int:
         for name, count in by_queue.items():
             metrics.recorder.rescued_items(name, count)
     if rescued:
-        logger.warning("rescued %d stuck items", rescued)
+        logger.warning("rescued %s", counted(rescued, "stuck item"))
     return rescued
 
 
@@ -45,5 +46,7 @@ def release_lost_claims(alias: str, identity: str, held: Iterable[object]) -> in
     claims whose answer was lost when the connection broke after the server committed."""
     lost = store.release_lost(QueueItem, alias, identity, held, LOST_CLAIM_AGE)
     if lost:
-        logger.warning("released %d items claimed by a claim whose answer was lost", lost)
+        logger.warning(
+            "released %s claimed by a claim whose answer was lost", counted(lost, "item")
+        )
     return lost

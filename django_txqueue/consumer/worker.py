@@ -33,7 +33,7 @@ from ..api import Queue
 from ..db import dialect_for
 from ..models import Consumer, QueueItem
 from ..observe import metrics
-from ..observe.logs import forget_queries, one_line
+from ..observe.logs import counted, forget_queries, one_line
 from ..status import Status
 from ..store.backoff import RECONNECT_MAX_PAUSE, jittered, next_pause
 from . import registry, timeouts
@@ -259,7 +259,9 @@ class Worker:
         assert self.recycler is not None  # noqa: S101 - asked only with one
         if self.recycled is None and (reason := self.recycler.reason()) is not None:
             self.recycled = reason
-            logger.info("recycling (%s): finishing %d items", reason, len(self.in_flight))
+            logger.info(
+                "recycling (%s): finishing %s", reason, counted(len(self.in_flight), "item")
+            )
             if metrics.recorder is not None:
                 metrics.recorder.recycling(kind(reason))
         unsettled = any(station.settler.unsettled for station in self.stations.values())
@@ -581,7 +583,8 @@ class Worker:
                 self._release_running()
             if len(self.in_flight):
                 logger.warning(
-                    "shutdown timeout: %d items left IN_PROGRESS for rescue", len(self.in_flight)
+                    "shutdown timeout: %s left IN_PROGRESS for rescue",
+                    counted(len(self.in_flight), "item"),
                 )
             for station in self.stations.values():
                 if station.housekeeping is not None:
@@ -604,7 +607,7 @@ class Worker:
         ]
         if released:
             logger.warning(
-                "released %d items still running, as this consumer exits", len(released)
+                "released %s still running, as this consumer exits", counted(len(released), "item")
             )
             self.in_flight.discard(released)
 

@@ -27,7 +27,7 @@ from ..api import items_database, queue_databases
 from ..consumer.readiness import missing_tables, unreachable
 from ..models import Consumer, QueueItem, QueuePause
 from . import reads
-from .logs import one_line
+from .logs import counted, one_line
 
 
 @dataclass
@@ -99,11 +99,13 @@ def check_heartbeats(
     counts = {"consumers": len(ages), "stale": len(stale), "oldest_heartbeat_s": max(ages)}
     if stale:
         detail = (
-            f"{len(stale)} of {len(ages)} consumers on {whose} silent for {max(stale):.0f} s"
-            f" (over {max_age:g} s)"
+            f"{len(stale)} of {counted(len(ages), 'consumer')} on {whose} silent for "
+            f"{max(stale):.0f} s (over {max_age:g} s)"
         )
         return Check("heartbeat", False, detail, counts)
-    detail = f"{len(ages)} consumers on {whose} heartbeating (oldest {max(ages):.0f} s ago)"
+    detail = (
+        f"{counted(len(ages), 'consumer')} on {whose} heartbeating (oldest {max(ages):.0f} s ago)"
+    )
     return Check("heartbeat", True, detail, counts)
 
 
@@ -120,7 +122,7 @@ def check_any_heartbeat(aliases: Sequence[str], max_age: float) -> Check:
     if not live:
         detail = f"no consumer heartbeat within {max_age:g} s"
         return Check("heartbeat", False, detail, {"consumers": 0})
-    detail = f"{live} consumers heartbeating within {max_age:g} s"
+    detail = f"{counted(live, 'consumer')} heartbeating within {max_age:g} s"
     return Check("heartbeat", True, detail, {"consumers": live})
 
 

@@ -22,6 +22,11 @@ def forget_queries() -> None:
             connection.queries_log.clear()
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and ``noun``, in the plural but for one: "1 consumer", "2 consumers"."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 def one_line(exc: BaseException) -> str:
     """The error's message on one line (PostgreSQL's span several)."""
     return " ".join(str(exc).split())

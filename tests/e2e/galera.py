@@ -283,7 +283,7 @@ class GaleraCluster:
 # completed it.
 
 QUEUE = "atomic"
-SHUTDOWN_LINE = re.compile(r"shutdown timeout: (\d+) items left IN_PROGRESS")
+SHUTDOWN_LINE = re.compile(r"shutdown timeout: (\d+) items? left IN_PROGRESS")
 PRODUCER_MODES = ("many", "atomic", "bare")
 
 

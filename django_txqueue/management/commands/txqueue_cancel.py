@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...api import Queue
+from ...observe.logs import counted
 from .. import queue_home
 
 
@@ -49,4 +50,6 @@ class Command(BaseCommand):
         chosen = None if ids is None else queue.items.filter(pk__in=ids)
         cancelled = queue.cancel(chosen)
         # A running item counts as cancelled once asked to stop; it ends so when it does.
-        self.stdout.write(self.style.SUCCESS(f"Cancelled {cancelled} item(s) of {queue.name}."))
+        self.stdout.write(
+            self.style.SUCCESS(f"Cancelled {counted(cancelled, 'item')} of {queue.name}.")
+        )

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import store
 from ...models import Effect
+from ...observe.logs import counted
 from .. import add_queue_arguments, default_alias, selected_queues
 
 # A century: beyond any real retention, and within every vendor's date arithmetic.
@@ -42,11 +43,15 @@ class Command(BaseCommand):
         queues = selected_queues(options["queues"], options["database"])
         deleted = sum(queue.purge(older_than=older_than) for queue in queues)
         self.stdout.write(
-            self.style.SUCCESS(f"Deleted {deleted} finished item(s) older than {days:g} days.")
+            self.style.SUCCESS(
+                f"Deleted {counted(deleted, 'finished item')} older than {days:g} days."
+            )
         )
         if not options["queues"]:  # the records are not per queue: only a full purge
             alias = default_alias(options["database"])
             effects = store.purge_effects(Effect.objects.using(alias), older_than)
             self.stdout.write(
-                self.style.SUCCESS(f"Deleted {effects} once() record(s) older than {days:g} days.")
+                self.style.SUCCESS(
+                    f"Deleted {counted(effects, 'once() record')} older than {days:g} days."
+                )
             )

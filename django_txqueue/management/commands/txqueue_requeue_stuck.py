@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from ...api import queue_databases, requeue_all_stuck
+from ...observe.logs import counted
 from .. import add_queue_arguments, default_alias, selected_queues
 
 
@@ -27,4 +28,4 @@ class Command(BaseCommand):
             database = options["database"]
             aliases = [default_alias(database)] if database else queue_databases()
             rescued = sum(requeue_all_stuck(alias) for alias in aliases)
-        self.stdout.write(self.style.SUCCESS(f"Rescued {rescued} stuck item(s)."))
+        self.stdout.write(self.style.SUCCESS(f"Rescued {counted(rescued, 'stuck item')}."))

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from ...observe.logs import counted
 from ...validation import parse_rate
 from .. import add_queue_arguments, selected_queues
 
@@ -70,8 +71,8 @@ def rate_lines(stat: dict[str, Any]) -> Iterator[str]:
     if per_key := stat.get("rate_limit_per_key"):
         spent = per_key["keys_spent"]
         yield (
-            f"{stat['queue']}: RATE_LIMIT_PER_KEY {per_key['limit']}, {spent} "
-            f"key{'' if spent == 1 else 's'} spent"
+            f"{stat['queue']}: RATE_LIMIT_PER_KEY {per_key['limit']}, {counted(spent, 'key')} "
+            "spent"
         )
 
 
@@ -93,4 +94,5 @@ def table(stats: list[dict[str, Any]]) -> str:
 def keys_line(stat: dict[str, Any]) -> str:
     """A fair or ordered queue's keys: how many have waiting items, and the busiest."""
     busiest = ", ".join(f"{key} ({count})" for key, count in stat["top_keys"])
-    return f"{stat['queue']}: {stat['keys_waiting']} keys waiting; most waiting: {busiest or '-'}"
+    waiting = counted(stat["keys_waiting"], "key")
+    return f"{stat['queue']}: {waiting} waiting; most waiting: {busiest or '-'}"
