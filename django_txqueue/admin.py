@@ -15,6 +15,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import django
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -116,6 +117,19 @@ def plural(count: int, noun: str) -> str:
 
 def entries(count: int) -> str:
     return "1 entry" if count == 1 else f"{count} entries"
+
+
+# Django 6 writes the admin's breadcrumbs as <ol class="breadcrumbs">, which only its
+# stylesheet styles; Django 5.2's styles <div class="breadcrumbs"> with &rsaquo; between.
+OL_BREADCRUMBS = django.VERSION >= (6, 0)
+
+
+def breadcrumbs(opts: Any, *trail: tuple[str, str]) -> dict[str, Any]:
+    """admin/django_txqueue/breadcrumbs.html's context: Home, the app, ``trail``'s (title,
+    url) pairs, then the page's title, in the markup of the Django running."""
+    app = reverse("admin:app_list", kwargs={"app_label": opts.app_label})
+    links = [("Home", reverse("admin:index")), (opts.app_config.verbose_name, app), *trail]
+    return {"ol": OL_BREADCRUMBS, "links": links}
 
 
 def may(request: HttpRequest, action: str) -> bool:
@@ -317,6 +331,10 @@ class QueueItemAdmin(QueueItemModelAdmin):
         waiting = f", waiting for {item.waiting_for}" if item.status == Status.WAITING else ""
         return format_html('<a href="{}">the whole flow</a>{}', url, waiting)
 
+    def _items_crumb(self) -> tuple[str, str]:
+        url = reverse("admin:django_txqueue_queueitem_changelist")
+        return (str(self.opts.verbose_name_plural).capitalize(), url)
+
     # -- a flow's page -----------------------------------------------------------------
 
     def flow_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -354,6 +372,7 @@ class QueueItemAdmin(QueueItemModelAdmin):
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": f"Flow of item {item.pk}",
+            "breadcrumbs": breadcrumbs(self.opts, self._items_crumb()),
             "flow": flow,
             "items": flow.items[:FLOW_PAGE_ROWS],
             "parents": parents,
@@ -404,6 +423,7 @@ class QueueItemAdmin(QueueItemModelAdmin):
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": "Stuck items",
+            "breadcrumbs": breadcrumbs(self.opts, self._items_crumb()),
             "stuck": shown,
             "total": total,
             "can_rescue": self.has_change_permission(request),
@@ -668,6 +688,7 @@ class DashboardAdmin(DashboardModelAdmin):
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": "Queue dashboard",
+            "breadcrumbs": breadcrumbs(self.opts),
             "overview": shown,
             "chart": throughput_chart(shown.minutes),
             "can_pause": may(request, "change"),

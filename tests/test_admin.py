@@ -4,7 +4,9 @@ stuck page and its rescue, the dashboard, permissions, escaping and query counts
 The read model behind the stuck page and the dashboard is in test_reads.py."""
 
 import datetime as dt
+import re
 
+import django
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
@@ -168,6 +170,19 @@ class TestPages:
         link = f"{ITEMS}?pid=host%3A1%3Alive&amp;status__exact=2"
         assert f'<a href="{link}">1</a>' in content
         assert admin_client.get(consumer_page(world["live"])).status_code == 200
+
+    @pytest.mark.parametrize("page", [DASHBOARD, STUCK])
+    def test_breadcrumbs_in_the_markup_of_the_django_running(self, admin_client, world, page):
+        """Django 5.2's admin styles <div class="breadcrumbs">, 6's <ol class="breadcrumbs">:
+        in the other markup the trail is a numbered list (the browser test looks too)."""
+        content = admin_client.get(page).content.decode()
+        trail = re.search(r'<(div|ol) class="breadcrumbs">(.*?)</\1>', content, re.S)
+        assert trail is not None
+        assert trail[1] == ("ol" if django.VERSION >= (6, 0) else "div")
+        links = re.findall(r'<a href="([^"]+)">([^<]+)</a>', trail[2])
+        home = [("/admin/", "Home"), ("/admin/django_txqueue/", "Queue")]
+        assert links == home + ([(ITEMS, "Queue items")] if page == STUCK else [])
+        assert ("&rsaquo;" in trail[2]) == (trail[1] == "div")
 
     def test_no_n_plus_1(self, admin_client, world, django_assert_max_num_queries):
         def page_queries():

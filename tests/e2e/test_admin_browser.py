@@ -371,3 +371,38 @@ def test_schedule_an_entry_edit_it_disable_it_and_run_it_now(cinema, page):
     assert cinema.shell(items).strip() == "0"
     act("run_now", "Browser-beat: enqueued item")
     assert cinema.shell(items).strip() == "1"
+
+
+# The breadcrumbs as laid out: each page's own markup per Django version (Django 5.2's
+# stylesheet styles <div class="breadcrumbs">, 6's <ol class="breadcrumbs">; the other
+# one is a numbered list down the page). Separators: 5.2's are text, 6's ::after.
+TRAIL = """() => {
+    const trail = document.querySelector("nav .breadcrumbs");
+    const links = [...trail.querySelectorAll("a")];
+    const items = [...trail.querySelectorAll("li")];
+    const after = items.filter(li => getComputedStyle(li, "::after").content.includes("\u203a"));
+    return {
+        background: getComputedStyle(trail).backgroundColor,
+        listItems: items.filter(li => getComputedStyle(li).display === "list-item").length,
+        rows: new Set(links.map(a => Math.round(a.getBoundingClientRect().top))).size,
+        links: links.map(a => a.textContent),
+        separators: trail.innerText.split("\u203a").length - 1 + after.length,
+    };
+}"""
+
+
+@pytest.mark.parametrize(
+    ("path", "links"),
+    [
+        ("/admin/django_txqueue/dashboard/", ["Home", "Queue"]),
+        ("/admin/django_txqueue/queueitem/stuck/", ["Home", "Queue", "Queue items"]),
+    ],
+)
+def test_the_breadcrumbs_are_one_line_not_a_numbered_list(cinema, page, path, links):
+    page.goto(path)
+    trail = page.evaluate(TRAIL)
+    assert trail["links"] == links
+    assert trail["listItems"] == 0, trail
+    assert trail["rows"] == 1, trail
+    assert trail["separators"] == len(links), trail
+    assert trail["background"] not in ("rgba(0, 0, 0, 0)", "transparent"), trail
