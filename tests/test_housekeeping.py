@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from django_txqueue import Queue, Status, store
 from django_txqueue.consumer.housekeeping import Housekeeping
+from django_txqueue.consumer.purge import CONSUMERS_KEPT
 from django_txqueue.consumer.rescue import LOST_CLAIM_AGE
 from django_txqueue.models import Consumer, Effect, QueueItem
 from tests.helpers import finished_items, in_other_thread, running, wait_for, worker_for
@@ -290,13 +291,37 @@ class TestPurge:
         housekeeping("a", "b", "keep")._purge(until=time.monotonic() + 60)
         assert remaining() == items["kept"]
 
+    def test_rows_of_consumers_silent_for_a_day_go_unless_they_hold_items(self, items, caplog):
+        """Each --burst run leaves a stopped row: a cron job's would pile up in the admin."""
+        silent = timezone.now() - CONSUMERS_KEPT - dt.timedelta(minutes=1)
+
+        def consumer(name, heartbeat, **fields):
+            row = Consumer.objects.create(identity=name, host="h", os_pid=1, **fields)
+            Consumer.objects.filter(pk=row.pk).update(last_heartbeat_at=heartbeat)
+
+        consumer("burst", silent, stopped_at=silent)  # a --burst run, a day ago
+        consumer("killed", silent)  # never marked stopped
+        consumer("holding", silent)  # its item is stuck: the rescue needs its row
+        Queue("a").items.filter(status=Status.IN_PROGRESS).update(pid="holding")
+        consumer("recent", timezone.now() - dt.timedelta(hours=1), stopped_at=timezone.now())
+        consumer("live", timezone.now())
+        with caplog.at_level(logging.INFO, logger="django_txqueue.consumer.purge"):
+            housekeeping("a", "b", "keep")._purge(until=time.monotonic() + 60)
+        left = set(Consumer.objects.values_list("identity", flat=True))
+        assert left == {"holding", "recent", "live"}
+        assert "and 2 stopped consumers' rows" in caplog.text
+        assert remaining() == items["kept"]
+
     def test_retention_none_purges_nothing(self, items, settings):
         settings.TXQUEUE = {"RETENTION": None}
         Effect.objects.create(key="old")
         Effect.objects.update(recorded_at=timezone.now() - OLD)
+        gone = Consumer.objects.create(identity="gone", host="h", os_pid=1)
+        Consumer.objects.filter(pk=gone.pk).update(last_heartbeat_at=timezone.now() - OLD)
         housekeeping("a", "b", "keep")._purge(until=time.monotonic() + 60)
         assert remaining() == items["old"] | items["kept"]
         assert Effect.objects.count() == 1
+        assert Consumer.objects.filter(pk=gone.pk).exists()
 
     def test_retention_none_takes_no_lock(self, items, settings, monkeypatch):
         """Nothing to purge, nothing to lock: behind a transaction pool a lock taken for

@@ -1,5 +1,6 @@
 """The purge job: the DONE, FAILED and CANCELLED items of a consumer's queues finished
-over their ``RETENTION`` ago, and the ``once()`` records older than the longest retention,
+over their ``RETENTION`` ago, the ``once()`` records older than the longest retention, and
+the rows of consumers silent for over ``CONSUMERS_KEPT`` (each ``--burst`` run leaves one),
 deleted in batches.
 
 One consumer of a database purges at a time (a lock it only tries, so the others skip), for
@@ -18,10 +19,14 @@ from datetime import timedelta
 
 from .. import conf, store
 from ..api import Queue
-from ..models import Effect, QueueItem, QueueProgress
+from ..models import Consumer, Effect, QueueItem, QueueProgress
 from ..observe.logs import counted
 
 logger = logging.getLogger(__name__)
+
+# The row of a consumer stopped (or gone) this long is deleted: a day to look at what a
+# run did, then no trail of rows from a cron job's --burst runs in the admin.
+CONSUMERS_KEPT = timedelta(days=1)
 
 
 def purge_finished(alias: str, queues: Iterable[Queue], until: float) -> bool:
@@ -40,7 +45,7 @@ def purge_finished(alias: str, queues: Iterable[Queue], until: float) -> bool:
     with store.try_lock(alias, store.PURGE_LOCK) as mine:
         if not mine:
             return True
-        items = effects = 0
+        items = effects = rows = 0
         for retention, names in kept_alike.items():
             finished = QueueItem.objects.using(alias).filter(queue__in=names)
             items += store.purge(finished, retention, until=until)
@@ -48,12 +53,18 @@ def purge_finished(alias: str, queues: Iterable[Queue], until: float) -> bool:
                 break  # the others next time (each purge does a batch at least)
         if kept_for is not None and time.monotonic() < until:
             effects = store.purge_effects(Effect.objects.using(alias), kept_for, until=until)
+        if time.monotonic() < until:
+            consumers = Consumer.objects.using(alias)
+            rows = store.purge_consumers(
+                consumers, QueueItem.objects.using(alias), CONSUMERS_KEPT, until=until
+            )
     if items:
         store.forget_reports(QueueItem, QueueProgress, alias)
-    if items or effects:
+    if items or effects or rows:
         logger.info(
-            "purged %s and %s",
+            "purged %s, %s and %s",
             counted(items, "finished item"),
             counted(effects, "once() record"),
+            counted(rows, "stopped consumer's row", "stopped consumers' rows"),
         )
     return time.monotonic() < until

@@ -14,7 +14,7 @@ from functools import partial, reduce
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.db.models.functions import Now
 
 from ..db import dialect_for
@@ -198,6 +198,17 @@ def purge_effects(
     """Delete ``once`` records made over ``older_than`` ago, in small batches."""
     old = effects.filter(recorded_at__lt=Now() - older_than)
     return delete_in_batches(old, "recorded_at", until=until)
+
+
+def purge_consumers(
+    consumers: QuerySet[Any], items: QuerySet[Any], older_than: timedelta, *, until: float
+) -> int:
+    """Delete the rows of ``consumers`` silent (stopped, or gone) for over ``older_than``
+    that hold no item of ``items`` IN_PROGRESS: the rescue tells those stuck by their
+    consumer's row, so it stays until they are rescued. How many went."""
+    held = items.filter(status=Status.IN_PROGRESS, pid=OuterRef("identity"))
+    old = consumers.filter(last_heartbeat_at__lt=Now() - older_than).exclude(Exists(held))
+    return delete_in_batches(old, "last_heartbeat_at", until=until)
 
 
 def delete_in_batches(
