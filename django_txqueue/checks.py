@@ -11,6 +11,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
 from . import conf, schedule
+from .consumer import registry
 from .db import dialect
 from .validation import (
     INT_RANGE,
@@ -352,3 +353,50 @@ def check_metrics_token(**kwargs: Any) -> list[CheckMessage]:
             id="txqueue.E011",
         )
     ]
+
+
+# -- queues with no handler ------------------------------------------------------------
+
+
+@register()
+def check_handlers(**kwargs: Any) -> list[CheckMessage]:
+    """A queue that TXQUEUE["QUEUES"] or a SCHEDULE entry names and no handler serves: its
+    items wait READY for ever. Said here, not by ``enqueue``: producers run in processes
+    that never import the handlers (the web server), so only the handlers' own discovery,
+    which the consumer runs too, can tell."""
+    raw = getattr(settings, "TXQUEUE", {})
+    named = _named_queues(raw) if isinstance(raw, dict) else {}
+    if not named:
+        return []
+    registry.autodiscover()
+    if registry.takes_any_queue():  # a TxQueueBackend with QUEUES = [] may serve any name
+        return []
+    known = registry.handlers()
+    return [
+        Warning(
+            f"{path} names queue {queue!r}, which has no handler: its items would wait "
+            "READY, taken by no consumer.",
+            hint=f"Register one with @handler({queue!r}) in a queues.py module of an "
+            "installed app, or list the queue in a TxQueueBackend's QUEUES. If another "
+            "project consumes it, add 'txqueue.W004' to SILENCED_SYSTEM_CHECKS.",
+            id="txqueue.W004",
+        )
+        for path, queue in named.items()
+        if queue not in known
+    ]
+
+
+def _named_queues(raw: dict[str, Any]) -> dict[str, str]:
+    """Setting path to the valid queue name it gives (the others are E004's and E009's)."""
+    named: dict[str, str] = {}
+    queues = raw.get("QUEUES", {})
+    for name in queues if isinstance(queues, dict) else ():
+        named[f"TXQUEUE['QUEUES'][{name!r}]"] = name
+    entries = raw.get("SCHEDULE", {})
+    for name, options in entries.items() if isinstance(entries, dict) else ():
+        upper = (
+            {str(k).upper(): v for k, v in options.items()} if isinstance(options, dict) else {}
+        )
+        if "QUEUE" in upper and "TASK" not in upper:
+            named[f"TXQUEUE['SCHEDULE'][{name!r}]"] = upper["QUEUE"]
+    return {path: queue for path, queue in named.items() if queue_name_problem(queue) is None}

@@ -1,10 +1,13 @@
 import datetime as dt
+import io
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 
 from django_txqueue import conf
-from django_txqueue.checks import check_settings, check_sqlite_transactions
+from django_txqueue.checks import check_handlers, check_settings, check_sqlite_transactions
+from django_txqueue.tasks.backend import TASKS_FRAMEWORK
 
 
 def messages(settings, value):
@@ -171,3 +174,57 @@ def test_sqlite_without_immediate_transactions_is_warned(monkeypatch):
     [warning] = check_sqlite_transactions()
     assert warning.id == "txqueue.W002" and "IMMEDIATE" in warning.hint
     assert "DATABASES['default']" in warning.msg and "transaction_mode 'NONE'" in warning.msg
+
+
+class TestQueuesWithoutHandler:
+    """txqueue.W004: a configured queue that no handler serves (issue 39, item 6)."""
+
+    @pytest.fixture(autouse=True)
+    def tasks_with_listed_queues(self, settings):
+        # The tests' TxQueueBackend lists its queues; one that takes any name ends the check.
+        settings.TASKS = {
+            "default": {
+                "BACKEND": "django_txqueue.backends.TxQueueBackend",
+                "QUEUES": ["default", "tasks-other"],
+            }
+        }
+
+    def warnings(self, settings, value):
+        settings.TXQUEUE = value
+        return [(m.id, m.msg, m.hint) for m in check_handlers()]
+
+    def test_a_configured_queue_without_handler_is_warned_once(self, settings):
+        [(msg_id, msg, hint)] = self.warnings(
+            settings, {"QUEUES": {"echo": {}, "emails": {"LEASE": 5}, "default": {}}}
+        )
+        assert msg_id == "txqueue.W004"
+        assert msg.startswith("TXQUEUE['QUEUES']['emails'] names queue 'emails', which has no")
+        assert "@handler('emails')" in hint and "SILENCED_SYSTEM_CHECKS" in hint
+
+    def test_a_schedule_entrys_queue_without_handler_is_warned(self, settings):
+        entries = {
+            "nightly": {"QUEUE": "reports", "EVERY": 60},
+            "ok": {"QUEUE": "echo", "EVERY": 1},
+        }
+        [(msg_id, msg, _)] = self.warnings(settings, {"SCHEDULE": entries})
+        assert msg_id == "txqueue.W004" and "['nightly'] names queue 'reports'" in msg
+
+    def test_queues_with_handlers_and_bad_names_say_nothing_here(self, settings):
+        # echo: @handler in tests/testapp/queues.py, found by the check's autodiscovery;
+        # 7 is E004's.
+        assert self.warnings(settings, {"QUEUES": {"echo": {}, 7: {}}}) == []
+        assert self.warnings(settings, {}) == []
+
+    @pytest.mark.skipif(TASKS_FRAMEWORK is None, reason="no Tasks framework")
+    def test_a_tasks_backend_taking_any_queue_may_serve_it(self, settings):
+        backend = {"BACKEND": "django_txqueue.backends.TxQueueBackend", "QUEUES": []}
+        settings.TASKS = {"default": backend}
+        assert self.warnings(settings, {"QUEUES": {"emails": {}}}) == []
+
+    def test_manage_py_check_shows_it(self, settings):
+        settings.TXQUEUE = {"QUEUES": {"emails": {}}}
+        out = io.StringIO()
+        call_command("check", stdout=out, stderr=out)
+        assert (
+            "?: (txqueue.W004) TXQUEUE['QUEUES']['emails'] names queue 'emails'" in out.getvalue()
+        )
