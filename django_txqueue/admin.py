@@ -49,7 +49,7 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
 from . import conf, schedule
-from .api import Queue, queue_databases, requeue_all_stuck
+from .api import Queue, configured_queues, queue_databases, requeue_all_stuck
 from .checks import schedule_task_problems
 from .db import dialect_for
 from .flows import Flow
@@ -683,7 +683,8 @@ class DashboardAdmin(DashboardModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         # Every database queues are placed on (the item pages read the router's).
-        shown = overview_of(queue_databases())
+        aliases = queue_databases()
+        shown = overview_of(aliases, {alias: configured_queues(alias) for alias in aliases})
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,

@@ -31,6 +31,7 @@ from .store import fairness
 from .validation import (
     checked_queue_name,
     item_values,
+    queue_name_problem,
     to_timedelta,
     validate_int,
     validate_queue_name,
@@ -118,6 +119,13 @@ def items_database(queue: str) -> str:
     """Where ``queue``'s items are found: where a source of its handler keeps it (a Django
     Tasks backend's ``DATABASE``), else its home (``home_database``)."""
     return registry.database(queue) or home_database(queue)
+
+
+def configured_queues(alias: str) -> list[str]:
+    """The queues ``TXQUEUE["QUEUES"]`` configures whose items are on ``alias``, sorted: the
+    dashboard and ``txqueue_stats`` show them, with zeros, before their first item."""
+    names = (name for name in conf.get("QUEUES") if queue_name_problem(name) is None)
+    return sorted(name for name in names if items_database(name) == alias)
 
 
 def default_database() -> str:

@@ -307,6 +307,25 @@ class TestStuckPage:
 
 
 class TestDashboard:
+    @pytest.fixture(autouse=True)
+    def no_configured_queues(self, settings):
+        settings.TXQUEUE = {"QUEUES": {}}
+
+    def test_configured_queues_show_with_zeros_before_their_first_item(
+        self, admin_client, world, settings
+    ):
+        """A new queue is on the dashboard at once, not after its first item."""
+        settings.TXQUEUE = {"QUEUES": {"emails": {"LEASE": 5}, "alpha": {}}}
+        rows = queue_rows(admin_client.get(DASHBOARD))
+        assert set(rows) == {"alpha", "beta", "emails"}
+        emails = rows["emails"]
+        counts = (emails.ready, emails.in_progress, emails.failed, emails.stuck, emails.consumers)
+        assert counts == (0, 0, 0, 0, 0)
+        assert (emails.done_last_hour, emails.oldest_ready) == (0, None)
+        assert rows["alpha"].ready == 1  # one with items: counted as before
+        content = admin_client.get(DASHBOARD).content.decode()
+        assert '<tr data-queue="emails">' in content
+
     def test_a_row_per_queue(self, admin_client, world):
         rows = queue_rows(admin_client.get(DASHBOARD))
         assert set(rows) == {"alpha", "beta"}
@@ -348,7 +367,8 @@ class TestDashboard:
         fragment = admin_client.get(DASHBOARD, {"fragment": "1"}).content.decode()
         assert '<table id="queue-table">' in fragment and "<html" not in fragment
 
-    def test_fair_and_ordered_queues_show_their_keys(self, admin_client, db):
+    def test_fair_and_ordered_queues_show_their_keys(self, admin_client, db, settings):
+        settings.TXQUEUE = {"QUEUES": {"fair": {"FAIR": True}}}
         for key, n in (("heavy", 3), ("light", 1)):
             for _ in range(n):
                 enqueue("fair", {}, key=key)

@@ -99,6 +99,22 @@ def two_queues(db):
 
 
 class TestStats:
+    @pytest.fixture(autouse=True)
+    def no_configured_queues(self, settings):
+        settings.TXQUEUE = {"QUEUES": {}}
+
+    def test_configured_queues_show_with_zeros_before_their_first_item(self, two_queues, settings):
+        settings.TXQUEUE = {"QUEUES": {"emails": {"LEASE": 5}, "beta": {}}}
+        table = parse_table(run("txqueue_stats"))
+        assert list(table) == ["alpha", "beta", "emails"]
+        assert set(numbers(table["emails"]).values()) == {0.0}
+        assert numbers(table["beta"])["ready"] == 1
+        stats = json.loads(run("txqueue_stats", "--json"))
+        assert [s["queue"] for s in stats] == ["alpha", "beta", "emails"]
+        # Placed on the other database: shown there, not on the default one.
+        settings.TXQUEUE = {"QUEUES": {"emails": {"DATABASE": "other"}}}
+        assert list(parse_table(run("txqueue_stats", database="default"))) == ["alpha", "beta"]
+
     def test_table_of_every_queue_with_items(self, two_queues):
         table = parse_table(run("txqueue_stats"))
         assert list(table) == ["alpha", "beta"]

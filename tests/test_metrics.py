@@ -552,3 +552,11 @@ def test_two_processes_are_scraped_as_one(consumer_processes, tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0, proc.err_path.read_text()
     assert not list(tmp_path.glob("txqueue-metrics-*"))  # removed by the supervisor
+
+
+def test_a_configured_queue_is_scraped_with_zeros_before_its_first_item(client, db, settings):
+    settings.TXQUEUE = {"METRICS_TOKEN": TOKEN, "QUEUES": {"emails": {"LEASE": 5}}}
+    answer = client.get("/txqueue/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    found = samples(answer.content.decode())
+    assert value(found, "txqueue_items", queue="emails", status="ready") == 0
+    assert value(found, "txqueue_live_consumers", queue="emails") == 0

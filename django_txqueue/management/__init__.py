@@ -7,7 +7,13 @@ from collections.abc import Sequence
 from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
-from ..api import Queue, default_database, items_database, queue_databases
+from ..api import (
+    Queue,
+    configured_queues,
+    default_database,
+    items_database,
+    queue_databases,
+)
 from ..models import QueueItem
 
 
@@ -48,19 +54,26 @@ def queue_home(name: str, database: str | None) -> str:
     return items_database(name)
 
 
-def queue_names(alias: str) -> list[str]:
-    """Every queue that has items on ``alias``, sorted."""
+def queue_names(alias: str, *, configured: bool = False) -> list[str]:
+    """Every queue that has items on ``alias``, sorted; with ``configured``, the queues
+    ``TXQUEUE["QUEUES"]`` places there too, items or not."""
     names = QueueItem.objects.using(alias).order_by().values_list("queue", flat=True)
-    return sorted(set(names.distinct()))
+    return sorted(set(names.distinct()) | set(configured_queues(alias) if configured else ()))
 
 
-def selected_queues(names: Sequence[str], database: str | None) -> list[Queue]:
+def selected_queues(
+    names: Sequence[str], database: str | None, *, configured: bool = False
+) -> list[Queue]:
     """The queues named (each on ``--database``, else where it is placed), or, with no
     names, every queue that has items on ``--database`` (or on any database the
-    settings place queues on)."""
+    settings place queues on), and with ``configured`` those configured there too."""
     if not names:
         aliases = [default_alias(database)] if database else queue_databases()
-        return [Queue(name, using=alias) for alias in aliases for name in queue_names(alias)]
+        return [
+            Queue(name, using=alias)
+            for alias in aliases
+            for name in queue_names(alias, configured=configured)
+        ]
     try:
         return [Queue(name, using=queue_home(name, database)) for name in dict.fromkeys(names)]
     except (TypeError, ValueError) as exc:

@@ -146,10 +146,13 @@ class Overview:
         return max((m.done + m.failed for m in self.minutes), default=0)
 
 
-def overview(items: QueueItemQuerySet, consumers: ConsumerQuerySet) -> Overview:
-    """Everything the dashboard shows, read from ``items`` and ``consumers``: seven queries,
-    and one more per fair or ordered queue."""
-    rows: dict[str, QueueRow] = {}
+def overview(
+    items: QueueItemQuerySet, consumers: ConsumerQuerySet, names: Sequence[str] = ()
+) -> Overview:
+    """Everything the dashboard shows, read from ``items`` and ``consumers``, with a row for
+    each of ``names`` (the configured queues) even when empty: seven queries, and one more
+    per fair or ordered queue."""
+    rows = {name: QueueRow(name) for name in names}
 
     def row(name: str) -> QueueRow:
         return rows.setdefault(name, QueueRow(name))
@@ -244,11 +247,15 @@ def gauges(
     return sorted(rows.values(), key=lambda r: r.name)
 
 
-def overview_of(aliases: list[str]) -> Overview:
-    """``overview`` of the queues on each database alias, as one: rows name their
-    database when there is more than one, minutes and live consumers add up."""
+def overview_of(aliases: list[str], names: dict[str, list[str]] | None = None) -> Overview:
+    """``overview`` of the queues on each database alias (and of ``names[alias]``, empty
+    or not), as one: rows name their database when there is more than one, minutes and
+    live consumers add up."""
+    names = names or {}
     parts = {
-        alias: overview(QueueItem.objects.using(alias), Consumer.objects.using(alias))
+        alias: overview(
+            QueueItem.objects.using(alias), Consumer.objects.using(alias), names.get(alias, [])
+        )
         for alias in aliases
     }
     if len(parts) == 1:

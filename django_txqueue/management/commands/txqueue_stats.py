@@ -28,7 +28,7 @@ COLUMNS = (
 class Command(BaseCommand):
     help = (
         "Show items per status, stuck items and the oldest due item's wait, per queue "
-        "(default: every queue that has items)."
+        "(default: every queue that has items or is configured in TXQUEUE['QUEUES'])."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -38,7 +38,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        queues = selected_queues(options["queues"], options["database"])
+        # The configured queues too: a new queue shows, with zeros, before its first item.
+        queues = selected_queues(options["queues"], options["database"], configured=True)
         stats = [queue.stats() for queue in queues]
         if options["json"]:
             self.stdout.write(json.dumps(stats, indent=2))
