@@ -222,6 +222,7 @@ class TestQueuesWithoutHandler:
         assert self.warnings(settings, {"QUEUES": {"emails": {}}}) == []
 
     def test_manage_py_check_shows_it(self, settings):
+        settings.SILENCED_SYSTEM_CHECKS = []  # tests/settings.py silences it for the others
         settings.TXQUEUE = {"QUEUES": {"emails": {}}}
         out = io.StringIO()
         call_command("check", stdout=out, stderr=out)
