@@ -204,7 +204,9 @@ def test_busy_consumer_survives_database_restart(fresh, tmp_path, concurrency):
     }
     assert len(items) == ITEMS and set(runs) == set(items), output  # none lost
     assert {result for _, result, _ in items.values()} == {"slept"}
-    assert "acknowledgements refused" not in output, output
+    # No check that no acknowledgement was refused: one whose COMMIT landed as the server went
+    # down is sent again and refused (its row is DONE already; seen once in CI, under load).
+    # Harmless, and what matters is held below: each item ran once, on its first claim.
     # Each item whose handler had started before the outage (acknowledged by then or not:
     # `unacknowledged` were in a handler or awaiting their acknowledgement) ran once and
     # was acknowledged on its first claim: its result was kept through the outage.
