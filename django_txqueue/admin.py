@@ -115,10 +115,6 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-def entries(count: int) -> str:
-    return "1 entry" if count == 1 else f"{count} entries"
-
-
 # Django 6 writes the admin's breadcrumbs as <ol class="breadcrumbs">, which only its
 # stylesheet styles; Django 5.2's styles <div class="breadcrumbs"> with &rsaquo; between.
 OL_BREADCRUMBS = django.VERSION >= (6, 0)
@@ -810,9 +806,9 @@ class ScheduleAdmin(ScheduleModelAdmin):
     @admin.action(description="Enable selected entries", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         count = queryset.update(enabled=True, updated_at=timezone.now())
-        self.message_user(request, f"{entries(count)} enabled.")
+        self.message_user(request, f"{counted(count, 'entry', 'entries')} enabled.")
 
     @admin.action(description="Disable selected entries", permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         count = queryset.update(enabled=False, updated_at=timezone.now())
-        self.message_user(request, f"{entries(count)} disabled.")
+        self.message_user(request, f"{counted(count, 'entry', 'entries')} disabled.")

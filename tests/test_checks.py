@@ -177,7 +177,7 @@ def test_sqlite_without_immediate_transactions_is_warned(monkeypatch):
 
 
 class TestQueuesWithoutHandler:
-    """txqueue.W004: a configured queue that no handler serves (issue 39, item 6)."""
+    """txqueue.W004: a configured queue that no handler serves."""
 
     @pytest.fixture(autouse=True)
     def tasks_with_listed_queues(self, settings):

@@ -123,7 +123,7 @@ def test_the_fields_are_no_log_record_attributes_and_reach_a_json_formatter(db):
 
 
 def test_counts_are_written_in_the_singular_for_one():
-    """ "1 consumer", never "1 consumers" (issue 39, item 6)."""
+    """Counts in the singular for one: "1 consumer", never "1 consumers"."""
     assert [counted(n, "consumer") for n in (0, 1, 2)] == [
         "0 consumers",
         "1 consumer",
