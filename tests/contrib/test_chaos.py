@@ -10,6 +10,7 @@ from django.db import connection
 
 from django_txqueue import Queue, Status
 from django_txqueue.contrib.chaos.models import ChaosRun
+from django_txqueue.contrib.chaos.run import Consumers, Options
 from django_txqueue.contrib.chaos.verify import History, Run, audit
 from django_txqueue.validation import parse_rate
 from tests.helpers import child_env
@@ -150,10 +151,13 @@ def test_a_short_run_with_kills_finds_nothing_wrong_and_touches_only_its_queue(m
         monkeypatch.setenv(name, value)
     other = Queue("other").enqueue({"n": 1})
     out = io.StringIO()
-    call_command(
-        "txqueue_chaos", "--items", "300", "--consumers", "3", "--rounds", "2", "--json",
-        stdout=out,
-    )  # fmt: skip
+    try:
+        call_command(
+            "txqueue_chaos", "--items", "300", "--consumers", "3", "--rounds", "2", "--json",
+            stdout=out,
+        )  # fmt: skip
+    except CommandError:
+        pytest.fail(f"violations:\n{out.getvalue()}")  # its report says which
     report = json.loads(out.getvalue())
     assert report["violations"] == []
     assert report["kills"] == 2 and report["sigterms"] == 2 + 3
@@ -161,3 +165,20 @@ def test_a_short_run_with_kills_finds_nothing_wrong_and_touches_only_its_queue(m
     assert Queue("txqueue-chaos").count(Status.DONE) == 300
     assert ChaosRun.objects.filter(queue="txqueue-chaos").count() == report["runs"]
     assert Queue("other").items.get().pk == other.pk
+
+
+@pytest.mark.slow
+def test_a_consumer_that_ends_by_itself_is_named_with_its_code_and_last_words(monkeypatch):
+    """Its settings cannot be imported: the violation quotes the error from its stderr."""
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "no_such_settings_module")
+    options = Options(
+        alias="default", queue="txqueue-chaos", items=1, consumers=1, rounds=0, lease=1, seed=0
+    )
+    consumers = Consumers(options)
+    try:
+        consumers.running[0].wait(30)
+        [crash] = consumers.crashed()
+    finally:
+        consumers.close()
+    assert crash.startswith("a consumer exited by itself with code 1\n")
+    assert "No module named 'no_such_settings_module'" in crash

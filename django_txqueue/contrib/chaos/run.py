@@ -19,11 +19,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import IO, Any
 
 from django.db import connections
 from django.utils import timezone
@@ -42,6 +43,7 @@ STALE_LEASE = 1.0  # seconds
 HEARTBEAT, CONSUMER_TIMEOUT, RESCUE_INTERVAL = 0.5, 2.0, 0.5
 DRAIN_TIMEOUT = 300.0  # seconds for the last items after the last round
 STARTUP_TIMEOUT = 30.0  # seconds a consumer process may take to come up
+LAST_WORDS = 15  # lines of a consumer's stderr quoted when it exits by itself
 
 
 class RestartFailed(Exception):
@@ -95,17 +97,21 @@ class Consumers:
         self.orphans: dict[int, datetime] = {}  # item id: when its consumer was killed
         self.alias = options.alias
         self.sigterm_exits: list[int] = []
+        self.logs: dict[int, IO[bytes]] = {}  # os pid: its stderr
         for _ in range(options.consumers):
             self.start()
 
     def start(self) -> None:
         command = [sys.executable, "-m", "django_txqueue.contrib.chaos.consumer", self.queue]
-        output = None if self.verbose else subprocess.DEVNULL  # rescues log to stderr
-        self.running.append(
-            subprocess.Popen(  # noqa: S603
-                command, env=self.env, stdout=subprocess.DEVNULL, stderr=output
-            )
+        # Its stderr (rescues log there) goes to a file, whose end tells why it exited if
+        # it ends by itself; with --verbosity 2, to the command's stderr instead.
+        log = None if self.verbose else tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        process = subprocess.Popen(  # noqa: S603
+            command, env=self.env, stdout=subprocess.DEVNULL, stderr=log
         )
+        self.running.append(process)
+        if log is not None:
+            self.logs[process.pid] = log
 
     def kill(self, rng: random.Random) -> None:
         """SIGKILL a consumer, note the items it held (identity host:os-pid:random),
@@ -163,9 +169,25 @@ class Consumers:
         while self.running:
             self.terminate(self.running.pop())
 
-    def crashed(self) -> list[int]:
-        """Exit codes of consumers that ended by themselves (none should)."""
-        return [code for process in self.running if (code := process.poll()) is not None]
+    def crashed(self) -> list[str]:
+        """How the consumers that ended by themselves (none should) exited: the code and
+        the last lines of their stderr."""
+        return [
+            f"a consumer exited by itself with code {code}{self.last_words(process.pid)}"
+            for process in self.running
+            if (code := process.poll()) is not None
+        ]
+
+    def last_words(self, pid: int) -> str:
+        if (log := self.logs.get(pid)) is None:
+            return ""
+        log.seek(0)
+        lines = log.read().decode(errors="replace").strip().splitlines()[-LAST_WORDS:]
+        return "".join(f"\n    {line}" for line in lines)
+
+    def close(self) -> None:
+        for log in self.logs.values():
+            log.close()
 
 
 def run(options: Options, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -211,6 +233,7 @@ def run(options: Options, progress: Callable[[str], None]) -> dict[str, Any]:
     finally:
         crashed = consumers.crashed()
         consumers.stop()
+        consumers.close()
     answers, changed = stale_calls(stale, options.alias)
     history = History(
         items={
@@ -234,7 +257,8 @@ def run(options: Options, progress: Callable[[str], None]) -> dict[str, Any]:
         rate=None if options.rate_limit is None else parse_rate(options.rate_limit),
     )
     report = audit(history)
-    report["violations"] += [f"a consumer exited by itself with code {code}" for code in crashed]
+    # First: a consumer that ended by itself ended the drain early, which explains the rest.
+    report["violations"][:0] = crashed
     report.update(rounds=options.rounds, restarts=len(downtimes), seconds=time.monotonic() - began)
     return report
 
