@@ -221,7 +221,7 @@ class TestQueuesWithoutHandler:
         settings.TASKS = {"default": backend}
         assert self.warnings(settings, {"QUEUES": {"emails": {}}}) == []
 
-    @pytest.mark.django_db  # Django's own model checks ask SQLite what its JSON supports
+    @pytest.mark.django_db(databases="__all__")  # model checks ask each database about JSON
     def test_manage_py_check_shows_it(self, settings):
         settings.SILENCED_SYSTEM_CHECKS = []  # tests/settings.py silences it for the others
         settings.TXQUEUE = {"QUEUES": {"emails": {}}}
