@@ -211,6 +211,7 @@ def _check_schedule_entry(name: Any, options: Any) -> list[CheckMessage]:
         Error(f"{path}: {problem}.", id=code)
         for code, found in (
             ("txqueue.E008", _schedule_timing_problems(upper)),
+            ("txqueue.E008", _schedule_catch_up_problems(upper)),
             ("txqueue.E009", _schedule_item_problems(upper)),
             ("txqueue.E010", schedule_task_problems(upper)),
         )
@@ -228,6 +229,17 @@ def _schedule_timing_problems(options: dict[str, Any]) -> list[str]:
     if not _positive_int(options["EVERY"]):
         return [f"EVERY is {options['EVERY']!r}; it must be a positive whole number of seconds"]
     return []
+
+
+def _schedule_catch_up_problems(options: dict[str, Any]) -> list[str]:
+    from .models import Schedule  # checks load before the app registry is ready
+
+    choices = Schedule.CatchUp.values
+    if options.get("CATCH_UP", choices[0]) in choices:
+        return []
+    return [
+        f"CATCH_UP is {options['CATCH_UP']!r}; it must be one of {', '.join(map(repr, choices))}"
+    ]
 
 
 def _schedule_item_problems(options: dict[str, Any]) -> list[str]:

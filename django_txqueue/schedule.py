@@ -35,7 +35,9 @@ from .validation import cron_problem as cron_problem  # its old home
 logger = logging.getLogger(__name__)
 
 # An entry's keys (upper or lower case, as every TXQUEUE key).
-KEYS = ("QUEUE", "CRON", "EVERY", "PAYLOAD", "PRIORITY", "KEY", "TASK", "ARGS", "KWARGS")
+KEYS = (
+    "QUEUE", "CRON", "EVERY", "PAYLOAD", "PRIORITY", "KEY", "TASK", "ARGS", "KWARGS", "CATCH_UP"
+)  # fmt: skip
 # Tick rows kept per entry: the winner of a tick deletes the entry's older ones, so the
 # table holds about this many rows per entry (the latest is the entry's last run).
 KEEP_TICKS = 10
@@ -82,6 +84,7 @@ class Entry:
             task=upper.get("TASK"),
             args=list(upper.get("ARGS") or []),
             kwargs=dict(upper.get("KWARGS") or {}),
+            catch_up=upper.get("CATCH_UP", Schedule.CatchUp.LATEST),
         )
 
     @classmethod

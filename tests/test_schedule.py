@@ -332,6 +332,7 @@ class TestChecks:
             ({"QUEUE": "q", "CRON": "* * * * *", "EVERY": 5}, "txqueue.E008", "one of them"),
             ({"QUEUE": "q"}, "txqueue.E008", "one of them"),
             ({"QUEUE": "q", "EVERY": 0}, "txqueue.E008", "EVERY is 0"),
+            ({"QUEUE": "q", "EVERY": 5, "CATCH_UP": "all"}, "txqueue.E008", "CATCH_UP is 'all'"),
             ({"EVERY": 5}, "txqueue.E009", "give QUEUE"),
             ({"QUEUE": "q", "EVERY": 5, "PAYLOAD": {1, 2}}, "txqueue.E009", "set"),
             ({"QUEUE": "q", "EVERY": 5, "PRIORITY": "high"}, "txqueue.E009", "PRIORITY"),

@@ -124,6 +124,13 @@ class TestScheduler:
             latest = Entry(name="beat", every=60).latest(dt.datetime.now(UTC))
             assert Queue("ops").items.get().run_at == latest
 
+    @pytest.mark.parametrize(("catch_up", "made"), [("latest", 1), ("none", 0)])
+    def test_a_settings_entrys_catch_up_at_start_up(self, catch_up, made):
+        ScheduleTick.objects.create(name="beat", tick=dt.datetime.now(UTC) - dt.timedelta(hours=1))
+        with schedule(beat={"QUEUE": "ops", "EVERY": 60, "CATCH_UP": catch_up}):
+            Scheduler("default").look(["ops"])
+        assert Queue("ops").items.count() == made
+
     def test_settings_and_database_entries_run_side_by_side(self):
         entry_row(name="from-db")
         with schedule(settings_beat={"QUEUE": "ops", "EVERY": 1}):
