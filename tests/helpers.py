@@ -258,6 +258,19 @@ def worker_for(*names, **options):
     return Worker(handlers={name: known[name] for name in names}, **options)
 
 
+def run_until_finished(queue_name, handle):
+    """Run a consumer until every item of the queue is finished (its retries too, which
+    a burst run might not wait for); the consumer."""
+    from django_txqueue import Queue, Status
+    from django_txqueue.consumer.worker import Worker
+
+    worker = Worker(handlers={queue_name: handle})
+    unfinished = Queue(queue_name).items.filter(status__in=(Status.READY, Status.IN_PROGRESS))
+    with running(worker):
+        assert wait_for(lambda: not unfinished.exists())
+    return worker
+
+
 @contextlib.contextmanager
 def running(worker):
     """Run ``worker`` on a thread for the block; then stop it and wait for it to end."""

@@ -7,11 +7,10 @@ import logging
 
 import pytest
 
-from django_txqueue import Queue, Status
-from django_txqueue.consumer.worker import Worker
+from django_txqueue import Queue
 from django_txqueue.observe.logs import about, counted
 from django_txqueue.tasks.backend import TASKS_FRAMEWORK, run_task
-from tests.helpers import running, wait_for
+from tests.helpers import run_until_finished
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_consumers")]
 
@@ -29,13 +28,7 @@ def handler(item):
 
 
 def drain(queue_name, handle=handler):
-    """Run a consumer until every item of the queue is finished (its retries too, which
-    a burst run might not wait for); the consumer."""
-    worker = Worker(handlers={queue_name: handle})
-    unfinished = Queue(queue_name).items.filter(status__in=(Status.READY, Status.IN_PROGRESS))
-    with running(worker):
-        assert wait_for(lambda: not unfinished.exists())
-    return worker
+    return run_until_finished(queue_name, handle)
 
 
 def about_items(caplog):

@@ -15,6 +15,7 @@ from django.urls import reverse
 from django_txqueue import Queue
 from django_txqueue.models import Schedule, ScheduleTick
 from django_txqueue.schedule import Entry, Scheduler, database_entries, run_now
+from django_txqueue.testing import assert_enqueued
 
 from .test_schedule import UTC, looked, schedule
 
@@ -119,17 +120,16 @@ class TestScheduler:
         entry_row(every=60, catch_up=catch_up)
         Scheduler("default").look(["ops"])
         Scheduler("default").look(["ops"])  # a second consumer starting
-        assert Queue("ops").items.count() == made
-        if made:
-            latest = Entry(name="beat", every=60).latest(dt.datetime.now(UTC))
-            assert Queue("ops").items.get().run_at == latest
+        latest = Entry(name="beat", every=60).latest(dt.datetime.now(UTC))
+        assert_enqueued("ops", count=made, run_at=latest)
+        assert_enqueued("ops", count=made)
 
     @pytest.mark.parametrize(("catch_up", "made"), [("latest", 1), ("none", 0)])
     def test_a_settings_entrys_catch_up_at_start_up(self, catch_up, made):
         ScheduleTick.objects.create(name="beat", tick=dt.datetime.now(UTC) - dt.timedelta(hours=1))
         with schedule(beat={"QUEUE": "ops", "EVERY": 60, "CATCH_UP": catch_up}):
             Scheduler("default").look(["ops"])
-        assert Queue("ops").items.count() == made
+        assert_enqueued("ops", count=made)
 
     def test_settings_and_database_entries_run_side_by_side(self):
         entry_row(name="from-db")
@@ -144,8 +144,8 @@ class TestScheduler:
     def test_run_now_enqueues_one_item_due_now_and_no_tick(self):
         row = entry_row(every=3600, payload={"now": 1}, enabled=False)
         pk = run_now(row)
-        item = Queue("ops").items.get()
-        assert item.pk == pk and item.payload == {"now": 1}
+        [item] = assert_enqueued("ops", {"now": 1}, count=1)
+        assert item.pk == pk
         assert item.run_at <= dt.datetime.now(UTC) and not ScheduleTick.objects.exists()
 
 

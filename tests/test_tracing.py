@@ -13,12 +13,11 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from django_txqueue import Queue, Status, on_commit
-from django_txqueue.consumer.worker import Worker
+from django_txqueue import Queue, on_commit
 from django_txqueue.models import QueueItem
 from django_txqueue.observe import tracing
 from django_txqueue.tasks.backend import TASKS_FRAMEWORK, run_task
-from tests.helpers import running, wait_for
+from tests.helpers import run_until_finished
 
 otel_trace = pytest.importorskip("opentelemetry.trace")
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
@@ -72,14 +71,7 @@ def processed(spans, queue_name):
     return [span for span in spans() if span.name == f"process {queue_name}"]
 
 
-def drain(queue_name, handler):
-    """Run a consumer until every item of the queue is finished (its retries too, which
-    a burst run might not wait for); the consumer."""
-    worker = Worker(handlers={queue_name: handler})
-    unfinished = Queue(queue_name).items.filter(status__in=(Status.READY, Status.IN_PROGRESS))
-    with running(worker):
-        assert wait_for(lambda: not unfinished.exists())
-    return worker
+drain = run_until_finished
 
 
 # -- producing -----------------------------------------------------------------------
