@@ -188,6 +188,21 @@ def test_cancel_stops_a_running_coroutine_at_once(queue, fast_consumers):
     assert stopped and stopped[0] - asked < 2.0  # a heartbeat and a look, not 30 s
 
 
+def test_a_coroutine_longer_than_its_lease_keeps_it_and_runs_once(queue, fast_consumers):
+    item = queue.enqueue({"n": 1})
+    runs = []
+
+    async def handle(item):
+        runs.append(item.claim_token)
+        await asyncio.sleep(2.0)  # four leases: the heartbeat renews it meanwhile
+        return "kept"
+
+    with running(Worker({queue.name: handle}, lease=0.5)):
+        wait_for(lambda: QueueItem.objects.get(pk=item.pk).status == Status.DONE, timeout=15)
+    row = QueueItem.objects.get(pk=item.pk)
+    assert (row.result, row.attempts, len(runs)) == ("kept", 1, 1)
+
+
 def test_an_acknowledgement_after_the_claim_was_taken_over_is_refused(queue):
     item = queue.enqueue({"n": 1})
     returned = threading.Event()
