@@ -144,12 +144,3 @@ async def async_nap(item):
     options = item.payload if isinstance(item.payload, dict) else {}
     await asyncio.sleep(options.get("seconds", 0.05))
     return "napped"
-
-
-@handler("nap")
-def nap(item):
-    """``async-nap``'s sync twin: records its run, then sleeps ``seconds`` (default 0.05)."""
-    Run.objects.create(item_id=item.pk, consumer=item.pid)
-    options = item.payload if isinstance(item.payload, dict) else {}
-    time.sleep(options.get("seconds", 0.05))
-    return "napped"
