@@ -1,6 +1,5 @@
 """Handlers for the consumer tests, autodiscovered like any app's queues.py."""
 
-import asyncio
 import time
 
 from django_txqueue import once
@@ -135,12 +134,3 @@ def reports_progress(item):
 
 
 handler("progress_atomic", atomic=True)(reports_progress)
-
-
-@handler("async-nap")
-async def async_nap(item):
-    """Records its run, then awaits ``seconds`` (default 0.05): a provider's API call."""
-    await Run.objects.acreate(item_id=item.pk, consumer=item.pid)
-    options = item.payload if isinstance(item.payload, dict) else {}
-    await asyncio.sleep(options.get("seconds", 0.05))
-    return "napped"
