@@ -13,6 +13,7 @@ from django.db import DatabaseError, connections
 from . import conf, schedule
 from .consumer import registry
 from .db import dialect
+from .models import Schedule
 from .validation import (
     INT_RANGE,
     MAX_LABEL,
@@ -232,8 +233,6 @@ def _schedule_timing_problems(options: dict[str, Any]) -> list[str]:
 
 
 def _schedule_catch_up_problems(options: dict[str, Any]) -> list[str]:
-    from .models import Schedule  # checks load before the app registry is ready
-
     choices = Schedule.CatchUp.values
     if options.get("CATCH_UP", choices[0]) in choices:
         return []

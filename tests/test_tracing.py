@@ -71,9 +71,6 @@ def processed(spans, queue_name):
     return [span for span in spans() if span.name == f"process {queue_name}"]
 
 
-drain = run_until_finished
-
-
 # -- producing -----------------------------------------------------------------------
 
 
@@ -138,7 +135,7 @@ def test_each_handler_run_is_a_consumer_span_linked_to_the_enqueuing_span(spans,
 
     with tracer.start_as_current_span("checkout") as request:
         items = Queue("traced").enqueue_many([{"n": 1}, {"n": 2}])
-    worker = drain("traced", handler)
+    worker = run_until_finished("traced", handler)
 
     runs = processed(spans, "traced")
     assert len(runs) == 2
@@ -170,7 +167,7 @@ def test_each_handler_run_is_a_consumer_span_linked_to_the_enqueuing_span(spans,
 @pytest.mark.django_db(transaction=True)
 def test_an_item_enqueued_without_a_span_gets_a_span_with_no_link(spans):
     Queue("traced").enqueue({})
-    drain("traced", lambda item: None)
+    run_until_finished("traced", lambda item: None)
     [span] = processed(spans, "traced")
     assert span.links == () or list(span.links) == []
 
@@ -182,7 +179,7 @@ def test_a_failing_handler_records_its_exception_on_each_attempts_span(spans, tr
 
     with tracer.start_as_current_span("booking") as request:
         item = Queue("traced").enqueue({}, max_attempts=2)
-    drain("traced", handler)
+    run_until_finished("traced", handler)
 
     runs = processed(spans, "traced")
     assert [span.attributes["txqueue.attempt"] for span in runs] == [1, 2]
@@ -206,7 +203,7 @@ def test_a_django_task_runs_in_a_span_linked_to_its_caller(spans, tracer):
 
     with tracer.start_as_current_span("view") as request:
         result = tasks.add.enqueue(1, 2)
-    drain(tasks.add.queue_name, run_task)
+    run_until_finished(tasks.add.queue_name, run_task)
     [span] = processed(spans, tasks.add.queue_name)
     assert span.attributes["messaging.message.id"] == result.id
     assert span.links[0].context.span_id == request.get_span_context().span_id
@@ -231,7 +228,7 @@ def test_without_the_extra_nothing_is_stored_traced_or_broken(spans):
             raise ValueError("still reported")
 
     ok, failing = Queue("traced").enqueue_many([{"fail": False}, {"fail": True}], max_attempts=1)
-    worker = drain("traced", handler)
+    worker = run_until_finished("traced", handler)
 
     assert tracing.api() is False
     assert tracing.current_context() is None
@@ -268,7 +265,7 @@ def test_with_the_api_alone_no_span_is_started(monkeypatch, spans, provider):
     spans would record nothing, and the consumer makes none."""
     monkeypatch.setattr(otel_trace, "get_tracer_provider", getattr(otel_trace, provider))
     item = Queue("traced").enqueue({})
-    drain("traced", lambda item: None)
+    run_until_finished("traced", lambda item: None)
     assert tracing.processing(item) is tracing.NOTHING
     assert spans() == ()
 
