@@ -4,15 +4,19 @@ nothing, and are claimed once the budget has room."""
 
 import io
 import time
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.db import transaction
+from django.utils import timezone
 
 from django_txqueue import Queue, Status
 from django_txqueue.checks import check_settings
 from django_txqueue.consumer.worker import Worker
 from django_txqueue.contrib.chaos.verify import most_in_any_stretch
 from django_txqueue.models import QueueItem, QueueRate
+from django_txqueue.store import rates
 from django_txqueue.validation import Rate, parse_rate
 
 from .test_admin import DASHBOARD
@@ -123,6 +127,47 @@ def test_each_key_has_its_own_budget(queue, settings):
     budgets = QueueRate.objects.filter(queue=queue.name, per_key=True)
     assert sorted(budgets.values_list("key", "last_items")) == [("alice", 2), ("bob", 2)]
     assert all(budgets.values_list("full_until", flat=True))
+
+
+def key_budget(queue, rate, claimed_ago=None):
+    """Lock and read ``queue``'s budget of key "k" as a claim made ``claimed_ago`` seconds
+    before the read counts it (None: made at the read)."""
+    claimed = None if claimed_ago is None else time.monotonic() - claimed_ago
+    budgets = rates.lock_budgets(
+        QueueRate, queue.name, ["k"], rate, per_key=True, using="default", claimed=claimed
+    )
+    return budgets["k"]
+
+
+@pytest.mark.django_db
+def test_a_key_claim_read_after_a_later_claims_still_counts_what_it_pruned(queue):
+    """Claim B takes items of key k, then waits for k's budget while claim A, made after it,
+    takes and records its own. A's period starts later than B's: what A leaves out of its
+    count B must still find, or the two would take more than the budget in one second."""
+    rate = Rate(2, 1)
+    QueueRate.objects.create(
+        queue=queue.name,
+        per_key=True,
+        key="k",
+        last_at=timezone.now() - timedelta(seconds=1.2),
+        last_items=2,
+    )
+    with transaction.atomic():  # A: its period has the 2 items of 1.2 s ago behind it
+        a = key_budget(queue, rate)
+        assert a.left == 2 and a.take()
+        rates.record(QueueRate, [a], "default")
+    with transaction.atomic():  # B: claimed 0.5 s ago, it counts those 2 and A's 1
+        b = key_budget(queue, rate, claimed_ago=0.5)
+        assert b.left == 0 and not b.take()
+
+
+@pytest.mark.django_db
+def test_a_key_claim_read_later_than_max_lag_after_it_takes_nothing(queue):
+    with transaction.atomic():
+        late = key_budget(queue, Rate(2, 1), claimed_ago=rates.MAX_LAG + 0.5)
+        assert late.left == 2 and not late.take()
+        rates.record(QueueRate, [late], "default")
+    assert QueueRate.objects.get(queue=queue.name, key="k").last_items == 0
 
 
 @pytest.mark.django_db

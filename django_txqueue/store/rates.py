@@ -10,7 +10,10 @@ next one, which counts them until it leaves the period itself (longer, never sho
 - A key's budget (``RATE_LIMIT_PER_KEY``) is counted by each claim, in its transaction:
   the claim locks the rows of the keys it took, keeps the items their budgets have room
   for, and records them timed by the database after the claim (``lock_budgets``,
-  ``record``).
+  ``record``). Its items were claimed before that read, which may have waited for another
+  claim's lock: the claims of ``MAX_LAG`` seconds before the period stay recorded, for a
+  claim read that late to count, and one read later than that keeps nothing (its items
+  go back READY, uncounted).
 - A queue's own budget (``RATE_LIMIT``) is granted to a consumer a part at a time
   (``Allowance``): a grant of up to the budget left, recorded as claimed at the end of a
   short span (a tenth of the period, at most a second), which the consumer's claims spend
@@ -45,6 +48,9 @@ KEPT_CLAIMS = 100
 SPAN_SHARE = 0.1
 MAX_SPAN = 1.0
 SPAN_MARGIN = 0.2
+# How long after its claim a key's budget may be read (``Budget.late``): the claims of
+# this long before the period are kept for such a read to count.
+MAX_LAG = 5.0  # seconds
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -58,12 +64,15 @@ def micros(moment: datetime) -> int:
 @dataclass
 class Budget:
     """One limit's row, read under its lock at ``now`` (the database clock): what is
-    left of ``rate`` in the period that ends now, and what a claim records."""
+    left of ``rate`` in the period that ends now, and what a claim records. ``late``: read
+    more than ``MAX_LAG`` after the claim it counts, which then takes nothing."""
 
     rate: Rate
     row: Any
     now: datetime
+    late: bool = False
     claims: list[list[int]] = field(init=False)
+    since: int = field(init=False)  # the period's start, in microseconds
     left: int = field(init=False)
     taken: int = 0
 
@@ -71,14 +80,21 @@ class Budget:
         claims = list(self.row.claims)
         if self.row.last_at is not None and self.row.last_items:
             claims.append([micros(self.row.last_at), self.row.last_items])
-        since = micros(self.now) - self.rate.period * 1_000_000
-        # Kept while inside the period: a claim timed later than ``since``.
-        self.claims = [claim for claim in claims if claim[0] > since]
-        self.left = max(self.rate.limit - sum(n for _, n in self.claims), 0)
+        self.since = micros(self.now) - self.rate.period * 1_000_000
+        # Kept while a claim read up to MAX_LAG late would count them: another claim's
+        # read, later than this one, may come with an earlier ``now``.
+        kept_since = self.since - round(MAX_LAG * 1_000_000)
+        self.claims = [claim for claim in claims if claim[0] > kept_since]
+        self.left = max(self.rate.limit - sum(n for _, n in self.counted), 0)
+
+    @property
+    def counted(self) -> list[list[int]]:
+        """The claims inside the period: timed later than its start."""
+        return [claim for claim in self.claims if claim[0] > self.since]
 
     def take(self) -> bool:
         """Count one more item of this claim against the budget, if any is left."""
-        if self.taken >= self.left:
+        if self.late or self.taken >= self.left:
             return False
         self.taken += 1
         return True
@@ -89,7 +105,8 @@ class Budget:
         counted leaves the period); None while some is left."""
         if self.taken < self.left:
             return None
-        oldest = self.claims[0][0] if self.claims else micros(self.now)
+        counted = self.counted
+        oldest = counted[0][0] if counted else micros(self.now)
         moment = _EPOCH + timedelta(microseconds=oldest, seconds=self.rate.period)
         return moment if self.now.tzinfo else moment.replace(tzinfo=None)  # as USE_TZ has it
 
@@ -149,7 +166,8 @@ def _locked(
     # a budget counted from the read's time would leave out claims of the period before
     # them. The read's time less what passed here since the claim was sent is no later.
     lag = timedelta(seconds=0 if claimed is None else time.monotonic() - claimed)
-    return {row.key: Budget(rate, row, row.database_now - lag) for row in found}
+    late = lag.total_seconds() > MAX_LAG
+    return {row.key: Budget(rate, row, row.database_now - lag, late) for row in found}
 
 
 def record(rates: type[Model], budgets: list[Budget], using: str) -> None:
@@ -184,7 +202,7 @@ def used(rates: type[Model], queue: str, rate: Rate, using: str) -> int:
     ends now (as the next claim would count them)."""
     rows = rates._default_manager.using(using).filter(queue=queue, per_key=False, key="")
     row = rows.annotate(database_now=Now()).first()
-    return 0 if row is None else sum(n for _, n in Budget(rate, row, row.database_now).claims)
+    return 0 if row is None else sum(n for _, n in Budget(rate, row, row.database_now).counted)
 
 
 def keys_spent(rates: type[Model], queue: str, using: str) -> int:
