@@ -124,9 +124,43 @@ def test_each_key_has_its_own_budget(queue, settings):
         ("alice", 0, ""),
         ("bob", 0, ""),
     ]
-    budgets = QueueRate.objects.filter(queue=queue.name, per_key=True)
+    budgets = QueueRate.objects.filter(queue=queue.name, per_key=True).exclude(key=rates.SHARED)
     assert sorted(budgets.values_list("key", "last_items")) == [("alice", 2), ("bob", 2)]
     assert all(budgets.values_list("full_until", flat=True))
+
+
+@pytest.mark.django_db
+def test_an_ample_key_budget_is_granted_and_claims_count_no_key(queue, settings):
+    limited(queue, settings, RATE_LIMIT_PER_KEY="1000/m")
+    queue.enqueue_many([{"n": n} for n in range(6)], key="alice")
+    queue.enqueue_many([{"n": n} for n in range(6, 9)], key="bob")
+    assert len(queue.claim(5, pid="a", lease=LONG)) == 5
+    assert len(queue.claim(5, pid="a", lease=LONG)) == 4
+    rows = QueueRate.objects.filter(queue=queue.name, per_key=True)
+    assert list(rows.values_list("key", flat=True)) == [rates.SHARED]  # no key counted
+    (grant,) = rows.get().claims
+    assert grant[1] >= 6  # at least what a key took under it
+    assert set(queue.items.values_list("attempts", flat=True)) == {1}
+
+
+@pytest.mark.django_db
+def test_a_claim_that_counts_its_keys_counts_every_grant_against_them(queue, settings):
+    """A takes a grant of 4 items of every key; B, whose claims are too big for a grant,
+    counts alice's budget of 10 with A's 4 in it; A's grant is given back down to what it
+    took. Together they take the 10 of alice's budget, no more."""
+    limited(queue, settings, RATE_LIMIT_PER_KEY="10/m")
+    queue.enqueue_many([{"n": n} for n in range(20)], key="alice")
+    a, b = Queue(queue.name), Queue(queue.name)
+    assert len(a.claim(2, pid="a", lease=LONG)) == 2  # a grant of 4: half of 10 at most
+    assert len(b.claim(10, pid="b", lease=LONG)) == 6  # 10 less A's grant
+    assert len(a.claim(2, pid="a", lease=LONG)) == 2  # the rest of A's grant
+    assert a.claim(2, pid="a", lease=LONG) == []  # nothing left: no grant, alice spent
+    assert b.claim(10, pid="b", lease=LONG) == []
+    assert queue.items.filter(status=Status.IN_PROGRESS).count() == 10
+    assert (
+        sorted(queue.items.filter(status=Status.READY).values_list("attempts", flat=True))
+        == [0] * 10
+    )
 
 
 def key_budget(queue, rate, claimed_ago=None):

@@ -51,7 +51,7 @@ class Claims:
     def __init__(self, name: str, items: QueueItemQuerySet) -> None:
         self.name = name
         self.items = items
-        self._statements: dict[int, ClaimStatement] = {}  # compiled once per batch size
+        self._statements: dict[tuple[int, bool], ClaimStatement] = {}  # compiled once each
         # MAX_IN_FLIGHT and the rate limits, read once (docs/limits.md).
         self.limits = store.Limits.of(name)
         self.limited = bool(self.limits)
@@ -62,18 +62,30 @@ class Claims:
             if self.limits.rate is None
             else store.Allowance(QueueRate, name, self.limits.rate, items.db)
         )
+        # RATE_LIMIT_PER_KEY: this process's grants of every key's budget while it is ample.
+        self.key_grants = (
+            None
+            if self.limits.per_key is None
+            else store.KeyGrants(QueueRate, name, self.limits.per_key, items.db)
+        )
         # After a claim that a spent rate budget held back: when it has room again
         # (time.monotonic()); 0.0 otherwise.
         self.held_until = 0.0
 
     @property
     def claimable(self) -> QueueItemQuerySet:
+        """The items a claim may take once they are due (``claimable_by``)."""
+        return self.claimable_by(granted=False)
+
+    def claimable_by(self, *, granted: bool) -> QueueItemQuerySet:
         """The items a claim may take once they are due: all of them, or in an ordered
         queue (or one with MAX_IN_FLIGHT_PER_KEY) those at the head of their key; none
-        while the queue is paused."""
+        while the queue is paused. With RATE_LIMIT_PER_KEY, past the keys whose budget is
+        spent, unless the claim is ``granted`` by ``store.KeyGrants``: a grant was counted
+        against every key's budget already."""
         limit = fairness.in_flight_limit(self.name)
         items = self.items if limit is None else fairness.in_key_order(self.items, limit)
-        if self.limits.per_key is not None:  # past the keys whose budget is spent
+        if self.limits.per_key is not None and not granted:
             spent = QueueRate.objects.filter(
                 queue=self.name, per_key=True, key=OuterRef("key"), full_until__gt=Now()
             )
@@ -84,11 +96,12 @@ class Claims:
         # filter), MySQL and SQLite as a constant; one primary-key probe either way.
         return items.filter(~Exists(QueuePause.objects.filter(queue=self.name)))  # type: ignore[return-value]
 
-    def statement(self, limit: int) -> ClaimStatement:
-        statement = self._statements.get(limit)
+    def statement(self, limit: int, *, granted: bool = False) -> ClaimStatement:
+        """The claim of ``limit`` items (``claimable_by``), compiled once."""
+        statement = self._statements.get((limit, granted))
         if statement is None:
-            statement = self._statements[limit] = ClaimStatement(
-                self.claimable,
+            statement = self._statements[limit, granted] = ClaimStatement(
+                self.claimable_by(granted=granted),
                 limit,
                 queue=self.name,
                 reads_other_rows=fairness.in_flight_limit(self.name) is not None,
@@ -139,18 +152,24 @@ class Claims:
         self, ack: Ack | None, limit: int, options: dict[str, Any]
     ) -> tuple[int, list[QueueItem]]:
         """``ack_and_claim`` of a limited queue: no more than the grant of its RATE_LIMIT
-        allows (``store.Allowance``), then, with a cap or a rate per key, in a transaction
-        that counts them (``store.claim_limited``), the acknowledgement made first; else
-        the plain claim, the acknowledgement riding with it."""
+        allows (``store.Allowance``), then, with a cap or a rate per key that no grant of
+        every key's budget covers (``store.KeyGrants``), in a transaction that counts them
+        (``store.claim_limited``), the acknowledgement made first; else the plain claim,
+        the acknowledgement riding with it."""
         allowance, held_until = self.allowance, 0.0
         asked = limit if allowance is None else allowance.take(limit)
         if allowance is not None and not asked:
             held_until = allowance.held_until
-        if self.limits.cap is None and self.limits.per_key is None:  # RATE_LIMIT alone
+        grants = self.key_grants if self.limits.cap is None else None
+        under_grant = grants is not None and asked > 0 and grants.covers(asked)
+        if self.limits.cap is None and (self.limits.per_key is None or under_grant):
             if asked:
-                acked, items = store.ack_and_claim(self.statement(asked), ack, **options)
+                statement = self.statement(asked, granted=under_grant)
+                acked, items = store.ack_and_claim(statement, ack, **options)
             else:
                 acked, items = (0 if ack is None else self._ack(ack)), []
+            if grants is not None and under_grant:
+                grants.count(items)
         else:
             acked, items = (0 if ack is None else self._ack(ack)), []
             if asked:

@@ -61,7 +61,7 @@ from .items import (
     trim_ticks,
 )
 from .progress import forget_reports, read_progress, report_progress, running_reports
-from .rates import Allowance
+from .rates import Allowance, KeyGrants
 from .upkeep import (
     PURGE_LOCK,
     delete_all,
@@ -100,6 +100,7 @@ __all__ = [
     "Limits",
     "claim_limited",
     "Allowance",
+    "KeyGrants",
     "queues_with_due_items",
     "rides_with_claims",
     "ack",

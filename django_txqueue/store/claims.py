@@ -248,9 +248,13 @@ def _within_key_budgets(
     """The claimed ``items`` each key's budget has room for (their budgets, counted);
     the others unclaimed."""
     keys = sorted({item.key for item in items if item.key is not None})
+    # The key grants' row first (key order): a grant is given under its lock.
     budgets = rates.lock_budgets(
-        rates_model, queue, keys, rate, per_key=True, using=alias, claimed=claimed
+        rates_model, queue, [rates.SHARED, *keys], rate, per_key=True, using=alias, claimed=claimed
     )
+    shared = budgets.pop(rates.SHARED)
+    for each in budgets.values():
+        each.share(shared)
     kept: list[Any] = []
     over: list[Any] = []
     for item in items:

@@ -14,6 +14,10 @@ next one, which counts them until it leaves the period itself (longer, never sho
   claim's lock: the claims of ``MAX_LAG`` seconds before the period stay recorded, for a
   claim read that late to count, and one read later than that keeps nothing (its items
   go back READY, uncounted).
+- A key's budget is also granted to a consumer a span at a time while it is ample
+  (``KeyGrants``): a grant lets the claims of one span take up to N items of *every*
+  key, in their plain statements, and counts N against every key's budget (the queue's
+  row of key ``SHARED``, which a claim that counts its keys locks and reads first).
 - A queue's own budget (``RATE_LIMIT``) is granted to a consumer a part at a time
   (``Allowance``): a grant of up to the budget left, recorded as claimed at the end of a
   short span (a tenth of the period, at most a second), which the consumer's claims spend
@@ -26,6 +30,7 @@ next one, which counts them until it leaves the period itself (longer, never sho
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -52,6 +57,9 @@ SPAN_MARGIN = 0.2
 # this long before the period are kept for such a read to count.
 MAX_LAG = 5.0  # seconds
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The key of a queue's row of key grants, which count against every key (an item's key is
+# never empty).
+SHARED = ""
 
 
 def micros(moment: datetime) -> int:
@@ -91,6 +99,11 @@ class Budget:
     def counted(self) -> list[list[int]]:
         """The claims inside the period: timed later than its start."""
         return [claim for claim in self.claims if claim[0] > self.since]
+
+    def share(self, shared: Budget) -> None:
+        """Leave out of what is left the key grants ``shared`` counts: each may have taken
+        that many of this key's items."""
+        self.left = max(self.left - sum(n for _, n in shared.counted), 0)
 
     def take(self) -> bool:
         """Count one more item of this claim against the budget, if any is left."""
@@ -290,3 +303,77 @@ class Allowance:
     def _write(self, budget: Budget, full_until: datetime | None) -> None:
         rows = self.rates._default_manager.using(self.using).filter(pk=budget.row.pk)
         rows.update(claims=kept(budget.claims), full_until=full_until)
+
+
+class KeyGrants:
+    """This process's grants of ``queue``'s per-key budget (``rate``, rows of ``rates`` on
+    ``using``): ``covers(limit)`` before a claim, ``count(items)`` after one it covered.
+
+    A grant of N lets the claims of one span take up to N items of each key, with no
+    statement of their own. It is recorded in the ``SHARED`` row at the span's end, as a
+    claim of N items of every key, so that each key's budget counts it as long as any claim
+    made under it. It is given while the budget is ample only: at most half of what the
+    most used key has left, and no less than a claim may take. Renewed, a grant is given
+    back down to what its most used key took.
+    """
+
+    def __init__(self, rates: type[Model], queue: str, rate: Rate, using: str) -> None:
+        self.rates, self.queue, self.rate, self.using = rates, queue, rate, using
+        self.span = min(rate.period * SPAN_SHARE, MAX_SPAN)
+        self.units = 0  # the grant held: items of each key
+        self.until = 0.0  # its claims' deadline (time.monotonic())
+        self.at = 0  # its record: its time (microseconds), which names it
+        self.used: Counter[str] = Counter()  # items of each key claimed under it
+        self.most = 0  # of which the most of one key
+        self.refused_until = 0.0  # after a grant refused: when to ask again (monotonic)
+
+    def covers(self, limit: int) -> bool:
+        """Whether a claim of up to ``limit`` items may go under a grant (renewed when
+        this one ends or a key of it could pass its units): no key's items then can."""
+        now = time.monotonic()
+        if self.units and now < self.until and self.most + limit <= self.units:
+            return True
+        if now < self.refused_until:
+            return False
+        want = 2 * max(limit, self.most)
+        self.units, self.at = retrying_conflicts(self._renew, self.using, want, limit)
+        self.used, self.most = Counter(), 0
+        self.until = now + self.span * (1 - SPAN_MARGIN)
+        self.refused_until = 0.0 if self.units else now + self.span
+        return bool(self.units)
+
+    def count(self, items: list[Any]) -> None:
+        """The items a claim under the grant took."""
+        for item in items:
+            if item.key is not None:
+                self.used[item.key] += 1
+                self.most = max(self.most, self.used[item.key])
+
+    def _renew(self, want: int, limit: int) -> tuple[int, int]:
+        with transaction.atomic(using=self.using):
+            shared = lock_budgets(
+                self.rates, self.queue, [SHARED], self.rate, per_key=True, using=self.using
+            )[SHARED]
+            for claim in shared.claims:  # the grant held, given back down to what it took
+                if claim[0] == self.at:
+                    claim[1] = self.most
+            shared.claims = [claim for claim in shared.claims if claim[1]]
+            granted = sum(n for _, n in shared.counted)
+            left = self.rate.limit - granted - self._most_taken_by_a_key(shared.now)
+            units = min(want, left // 2)
+            units = units if units >= limit else 0
+            at = micros(shared.now) + round(self.span * 1_000_000)
+            if units:
+                shared.claims.append([at, units])
+            rows = self.rates._default_manager.using(self.using).filter(pk=shared.row.pk)
+            rows.update(claims=kept(shared.claims))
+            return units, at
+
+    def _most_taken_by_a_key(self, now: datetime) -> int:
+        """The most items of one key that claims counting their keys took in the period
+        that ends ``now`` (the grants' row locked: none of them is under way)."""
+        rows = self.rates._default_manager.using(self.using).filter(
+            queue=self.queue, per_key=True, last_at__gt=now - timedelta(seconds=self.rate.period)
+        )
+        budgets = (Budget(self.rate, row, now) for row in rows.exclude(key=SHARED))
+        return max((sum(n for _, n in budget.counted) for budget in budgets), default=0)

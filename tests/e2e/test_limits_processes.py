@@ -17,7 +17,8 @@ import pytest
 from django_txqueue import Queue, Status
 from django_txqueue.consumer.timeouts import ITEM_TIMEOUT_EXIT
 from django_txqueue.contrib.chaos.verify import most_in_any_stretch
-from django_txqueue.models import Consumer
+from django_txqueue.models import Consumer, QueueRate
+from django_txqueue.store.rates import SHARED
 from tests.helpers import ROOT, child_env, child_pids, kill_tree, runs_per_item, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -125,10 +126,10 @@ def test_max_in_flight_holds_across_three_processes(tmp_path):
     assert most_at_once(items) == 2  # never more, and the cap was used
 
 
-def drain_limited(tmp_path, options, keys=None):
-    """200 echo items drained by 4 consumer processes of 4 threads under ``options``:
-    the items, DONE."""
-    items = [{"n": n} for n in range(200)]
+def drain_limited(tmp_path, options, keys=None, count=200):
+    """``count`` echo items drained by 4 consumer processes of 4 threads under
+    ``options``: the items, DONE."""
+    items = [{"n": n} for n in range(count)]
     if keys is None:
         Queue("echo").enqueue_many(items)
     else:
@@ -143,7 +144,7 @@ def drain_limited(tmp_path, options, keys=None):
         code, log = finish(process)
         assert code == 0, log
     done = list(Queue("echo").items.filter(status=Status.DONE))
-    assert len(done) == 200
+    assert len(done) == count
     assert {item.attempts for item in done} == {1}  # nothing charged for waiting
     return done
 
@@ -168,6 +169,22 @@ def test_a_rate_limit_per_key_holds_across_four_processes(tmp_path):
     # The keys ran side by side: 5 keys of 40 items at 4 a second, not one after another.
     everything = [moment for claimed in by_key.values() for moment in claimed]
     assert max(everything) - min(everything) < timedelta(seconds=20)
+
+
+def test_a_rate_limit_per_key_granted_and_counted_holds_across_four_processes(tmp_path):
+    """At "20/s" for 80 items a key, the first claims go under grants of every key's
+    budget (store.KeyGrants) and the others count their keys with the grants in: the two
+    kinds of claim side by side never take more than 20 of a key in a second."""
+    done = drain_limited(tmp_path, {"RATE_LIMIT_PER_KEY": "20/s"}, keys=5, count=400)
+    by_key = defaultdict(list)
+    for item in done:
+        by_key[item.key].append(item.claimed_at)
+    assert len(by_key) == 5
+    for claimed in by_key.values():
+        assert 10 <= most_in_any_stretch(claimed, 1.0) <= 20
+        assert max(claimed) - min(claimed) >= timedelta(seconds=3)
+    granted = QueueRate.objects.get(queue="echo", per_key=True, key=SHARED)
+    assert granted.claims  # some claims went under grants
 
 
 TIMEOUT = 2
