@@ -14,6 +14,7 @@ from datetime import timedelta
 from functools import reduce
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MinValueValidator
@@ -611,13 +612,27 @@ class QueueItem(QueueModel):
         the latest report then, and the consumer writes a report still held back when the
         handler returns. Fenced like an acknowledgement: False, and nothing written, once
         this claim no longer holds the item; True otherwise (also when held back)."""
-        report = progress_report(done, total, message)
-        self.__dict__["_progress"] = report
-        now = time.monotonic()
-        if now - self.__dict__.get("_progress_written", -PROGRESS_EVERY) < PROGRESS_EVERY:
+        return self._hold_progress(done, total, message) or self.write_progress()
+
+    async def areport_progress(
+        self, done: float, total: float | None = None, message: str = ""
+    ) -> bool:
+        """``report_progress`` for an ``async def`` handler: a write that is due runs where
+        Django's async ORM runs its queries, not on the event loop."""
+        if self._hold_progress(done, total, message):
+            return True
+        return await sync_to_async(self.write_progress, thread_sensitive=True)()
+
+    def _hold_progress(self, done: float, total: float | None, message: str) -> bool:
+        """Take the report; whether its write waits (one was written within a second)."""
+        self.__dict__["_progress"] = progress_report(done, total, message)
+        if (
+            time.monotonic() - self.__dict__.get("_progress_written", -PROGRESS_EVERY)
+            < PROGRESS_EVERY
+        ):
             self.__dict__["_progress_held"] = True
             return True
-        return self.write_progress(now)
+        return False
 
     def write_progress(self, now: float | None = None) -> bool:
         """Write the report ``report_progress`` holds (the consumer calls this for one held

@@ -18,8 +18,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from asgiref.sync import async_to_sync
+
 from .api import Queue, items_database
 from .consumer import registry, wakeup
+from .consumer.coroutines import arun_item
 from .consumer.execution import Outcome, runner
 from .consumer.settle import Settler
 from .models import QueueItem, Status
@@ -170,7 +173,13 @@ def _queue(name: str, using: str | None) -> Queue:
 
 
 def _run(handle: registry.Handler, item: QueueItem, using: str, drained: Drained) -> None:
-    outcome: Outcome = runner()(handle, item)
+    choose = registry.chooser(handle)
+    if choose is not None and (coroutine := choose(item)) is not None:
+        # On an event loop of asgiref's, whose async ORM calls come back to this thread
+        # (and so into the test's transaction).
+        outcome = async_to_sync(arun_item)(coroutine, item, None)
+    else:
+        outcome = runner()(handle, item)
     Settler(using).settle([outcome])
     drained.counts[_kind(outcome)] += 1
     item.refresh_from_db(using=using)

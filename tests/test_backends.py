@@ -490,6 +490,43 @@ def test_context_attempt_counts_the_consumers_attempts(run_consumer, fast_retrie
 
 @needs_tasks
 @consumed
+def test_async_tasks_run_side_by_side_on_the_event_loop_and_sync_ones_on_threads():
+    naps = [tasks.async_nap.enqueue(0.3) for _ in range(10)]
+    sync = tasks.where.enqueue()
+    began = time.monotonic()
+    assert Worker({"default": run_task}, concurrency=10, burst=True).run() == 0
+    assert time.monotonic() - began < 2.5  # one after another: 3 s
+    assert {tasks.async_nap.get_result(r.id).return_value for r in naps} == {"txqueue-event-loop"}
+    assert tasks.where.get_result(sync.id).return_value.startswith("txqueue-handler-")
+
+
+@needs_tasks
+def test_aenqueue_and_aget_result_do_their_queries_off_the_event_loop(db, monkeypatch):
+    queries_on = []
+    enqueue, get_result = TxQueueBackend.enqueue, TxQueueBackend.get_result
+
+    def recorded(method):
+        def call(*args, **kwargs):
+            queries_on.append(threading.get_ident())
+            return method(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(TxQueueBackend, "enqueue", recorded(enqueue))
+    monkeypatch.setattr(TxQueueBackend, "get_result", recorded(get_result))
+
+    async def from_a_view():
+        result = await tasks.add.aenqueue(2, 3)
+        again = await tasks.add.aget_result(result.id)
+        return threading.get_ident(), again
+
+    loop_thread, again = async_to_sync(from_a_view)()
+    assert again.args == [2, 3] and len(queries_on) == 2
+    assert loop_thread not in queries_on
+
+
+@needs_tasks
+@consumed
 def test_async_task_runs(run_consumer):
     result = tasks.async_double.enqueue(21)
     run_consumer("--burst")

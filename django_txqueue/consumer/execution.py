@@ -93,19 +93,29 @@ def run_item(handle: registry.Handler, item: QueueItem) -> Outcome:
             outcome.result = checked_result(handle(item), item)
             if "_progress_held" in item.__dict__:  # report_progress writes once a second
                 item.write_progress()
-    except Snooze as exc:
-        outcome.snooze = exc.seconds
-    except NotJSONSerializable as exc:
-        outcome.failed(exc, retry=False)  # running it again would return the same
     except BaseException as exc:  # SystemExit or KeyboardInterrupt too: the item's failure
-        rule = registry.retry_rule(item.queue)
-        outcome.failed(exc, retry=rule.retries(exc))
-        outcome.lost = databases_failure(exc, item._state.db or "default")
+        lost = databases_failure(exc, item._state.db or "default")
         close_broken_connections(failed_only=True)  # else every later item fails too
-        if rule.backoff is not None and outcome.retry and not outcome.lost:
-            outcome.delay = backoff_delay(rule.backoff, item, exc)
+        record_exception(outcome, exc, lost=lost)
     outcome.duration = time.monotonic() - started
     return outcome
+
+
+def record_exception(outcome: Outcome, exc: BaseException, *, lost: bool) -> None:
+    """What the handler's ``exc`` comes to: a snooze, a failed attempt (retried by its
+    handler's rules, not at all for a result that is not JSON), or, ``lost`` (the
+    database's failure, ``databases_failure``), the item back READY uncounted."""
+    if isinstance(exc, Snooze):
+        outcome.snooze = exc.seconds
+        return
+    if isinstance(exc, NotJSONSerializable):
+        outcome.failed(exc, retry=False)  # running it again would return the same
+        return
+    rule = registry.retry_rule(outcome.item.queue)
+    outcome.failed(exc, retry=rule.retries(exc))
+    outcome.lost = lost
+    if rule.backoff is not None and outcome.retry and not lost:
+        outcome.delay = backoff_delay(rule.backoff, outcome.item, exc)
 
 
 def backoff_delay(backoff: registry.Backoff, item: QueueItem, exc: BaseException) -> Any:

@@ -8,7 +8,8 @@ register themselves with ``add_source``: the Django Tasks backend does, for its 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar
@@ -19,6 +20,7 @@ from django.utils.module_loading import autodiscover_modules, import_string
 from ..validation import validate_queue_name
 
 Handler = Callable[[Any], Any]
+AsyncHandler = Callable[[Any], Awaitable[Any]]
 H = TypeVar("H", bound=Handler)
 
 
@@ -73,6 +75,7 @@ _handlers: dict[str, Handler] = {}
 _atomic: set[str] = set()
 _rules: dict[str, RetryRule] = {}
 _sources: list[Source] = []
+_choosers: dict[Handler, Callable[[Any], AsyncHandler | None]] = {}
 
 
 def handler(
@@ -109,6 +112,11 @@ def handler(
     )
 
     def register(func: H) -> H:
+        if atomic and inspect.iscoroutinefunction(func):
+            raise TypeError(
+                f"the {queue!r} handler is async: atomic=True needs a sync handler (async "
+                "code has no transaction.atomic; docs/async.md)"
+            )
         existing = _handlers.get(queue)
         if existing is not None and existing is not func:
             raise ValueError(
@@ -199,6 +207,21 @@ def database(queue: str) -> str | None:
 def databases() -> list[str]:
     """Every alias the sources' queues may be on."""
     return list(dict.fromkeys(alias for source in _sources for alias in source.databases()))
+
+
+def choose_coroutine(handle: Handler, choose: Callable[[Any], AsyncHandler | None]) -> None:
+    """Let ``choose(item)`` say, item by item, which coroutine function runs an item of
+    ``handle``'s queues in its place (None: ``handle`` runs it): the Tasks backend's
+    ``run_task`` has ``async def`` tasks among its items."""
+    _choosers[handle] = choose
+
+
+def chooser(handle: Handler) -> Callable[[Any], AsyncHandler | None] | None:
+    """How to find the coroutine function that runs an item of ``handle``'s: an ``async
+    def`` handler runs every item as a coroutine; None: never one."""
+    if inspect.iscoroutinefunction(handle):
+        return lambda item: handle
+    return _choosers.get(handle)
 
 
 def is_atomic(queue: str) -> bool:

@@ -27,25 +27,27 @@ from .execution import Outcome, backoff_delay
 # The exit code of a consumer that stopped a handler past its TIMEOUT (75, EX_TEMPFAIL).
 ITEM_TIMEOUT_EXIT = ItemTimeout.EXIT_CODE
 
-# Set on an item as its handler starts: the time.monotonic() its TIMEOUT ends at, and the
-# thread that runs it (``QueueItem.time_left()`` reads the first).
+# Set on an item as its handler starts: the time.monotonic() its TIMEOUT ends at, when the
+# consumer stops it (later for a coroutine, which stops itself first), and the thread that
+# runs it (``QueueItem.time_left()`` reads the first).
 DEADLINE = "_handler_deadline"
+STOP_AT = "_handler_stop_at"
 THREAD = "_handler_thread"
 
 
-def started(item: QueueItem, timeout: float, now: float) -> None:
-    """Note on ``item`` that its handler starts ``now`` on this thread, with ``timeout``."""
+def started(item: QueueItem, timeout: float, now: float, grace: float = 0.0) -> None:
+    """Note on ``item`` that its handler starts ``now`` on this thread, with ``timeout``;
+    the consumer stops it ``grace`` seconds after that."""
     item.__dict__[DEADLINE] = now + timeout
+    item.__dict__[STOP_AT] = now + timeout + grace
     item.__dict__[THREAD] = threading.get_ident()
 
 
 def overdue(held: Iterable[tuple[QueueItem, float | None]]) -> list[QueueItem]:
-    """The ``held`` items whose handler has run past its deadline."""
+    """The ``held`` items whose handler has run past its deadline (and grace)."""
     now = time.monotonic()
     return [
-        item
-        for item, began in held
-        if began is not None and now > item.__dict__.get(DEADLINE, now)
+        item for item, began in held if began is not None and now > item.__dict__.get(STOP_AT, now)
     ]
 
 

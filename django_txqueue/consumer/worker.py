@@ -38,6 +38,7 @@ from ..status import Status
 from ..store.backoff import RECONNECT_MAX_PAUSE, jittered, next_pause
 from . import registry, timeouts
 from .claims import Claimer
+from .coroutines import BLOCKED_LOOP_GRACE, EventLoop, arun_item
 from .execution import Outcome, close_broken_connections, close_if_broken, drop_connection, runner
 from .housekeeping import Housekeeping
 from .recycling import Recycler, Recycling, kind
@@ -150,9 +151,13 @@ class Worker:
         self.stopping = threading.Event()
         self.in_flight = InFlight()
         self._outcomes_arrived = threading.Event()
-        # Made by run(), which closes them: the wake-up socket and the threads.
+        # Made by run(), which closes them: the wake-up socket, the threads, the event loop
+        # (async handlers'; each starts with the first item it is given).
         self.waiter: Waiter
         self.threads: HandlerThreads
+        self.coroutines: EventLoop
+        # Each served queue's way to the coroutine function of an item (None: never one).
+        self._choosers: dict[str, Callable[[QueueItem], registry.AsyncHandler | None] | None] = {}
         self._idle_wait = FIRST_IDLE_WAIT
         self._last_report = (time.monotonic(), 0)
         # What the last progress report said: an unchanged one is not repeated.
@@ -231,13 +236,15 @@ class Worker:
         for station in self.stations.values():
             station.housekeeping = self._housekeeping(station, self.waiter.address)
         self.threads = HandlerThreads(self.concurrency, self._run_handlers)
+        self.coroutines = EventLoop(
+            self.concurrency, self._begin_coroutine, self._run_coroutine, self._report_ended
+        )
         logger.info(
             "consumer %s started: queues %s, batch %d",
             self.identity,
             ", ".join(self._queue_names()) or "(found as items arrive)",
             self.batch,
         )
-        self.threads.start()
         try:
             while not self.stopping.is_set():
                 if self.recycler is not None and self._recycling_done():
@@ -457,14 +464,49 @@ class Worker:
 
     def _dispatch(self, items: list[QueueItem]) -> None:
         """Hand the items to the handler threads, in one share per thread, so that a
-        thread reports (and the main thread acknowledges) a share at a time."""
+        thread reports (and the main thread acknowledges) a share at a time; those of
+        async handlers to the event loop."""
         if (queue := items[0].queue) not in self._timeouts:  # a claim's are of one queue
             self._timeouts[queue] = conf.queue_option(queue, "TIMEOUT")
             self._watching = self._watching or self._timeouts[queue] is not None
+            handle = self.stations[items[0]._state.db or self.using].rotation.handlers[queue]
+            self._choosers[queue] = registry.chooser(handle)
         self.in_flight.add(items)
+        if (choose := self._choosers[queue]) is not None:
+            coroutines = [item for item in items if choose(item) is not None]
+            if coroutines:
+                self.coroutines.submit(coroutines)
+                if len(coroutines) == len(items):
+                    return
+                items = [item for item in items if choose(item) is None]
         size = math.ceil(len(items) / self.threads.size)
         for start in range(0, len(items), size):
             self.threads.submit(items[start : start + size])
+
+    def _begin_coroutine(self, item: QueueItem) -> bool:
+        """On the event loop, as an item's coroutine starts: False if it was released
+        meanwhile (a shutdown). The consumer stops it BLOCKED_LOOP_GRACE past its
+        TIMEOUT, by which it should have stopped itself (it did not: the loop is blocked)."""
+        if not self.in_flight.start(item):
+            return False
+        if (limit := self._timeouts.get(item.queue)) is not None:
+            timeouts.started(item, limit, time.monotonic(), grace=BLOCKED_LOOP_GRACE)
+        return True
+
+    async def _run_coroutine(self, item: QueueItem) -> Outcome:
+        choose = self._choosers[item.queue]
+        assert choose is not None  # noqa: S101 - only such items come here
+        handle = choose(item)
+        assert handle is not None  # noqa: S101 - only such items come here
+        return await arun_item(handle, item, self._timeouts.get(item.queue))
+
+    def _report_ended(self, outcomes: list[Outcome]) -> None:
+        """On the event loop: hand over what coroutines came to, by station."""
+        by_station: dict[str, list[Outcome]] = {}
+        for outcome in outcomes:
+            by_station.setdefault(outcome.item._state.db or self.using, []).append(outcome)
+        for alias, ended in by_station.items():
+            self._report(self.stations[alias], ended)
 
     def _run_handlers(self, items: list[QueueItem]) -> None:
         """On a handler thread: run each item's handler and pass on the outcomes."""
@@ -575,8 +617,10 @@ class Worker:
             while len(self.in_flight) and time.monotonic() < deadline:
                 self._outcomes_arrived.wait(timeout=min(0.2, max(deadline - time.monotonic(), 0)))
                 self._outcomes_arrived.clear()
-                for station in self.stations.values():
-                    self.in_flight.remove(station.settler.settle(take_all(station.arrived)))
+                self._settle_arrived()
+            if len(self.in_flight):  # coroutines can be stopped: their items go back READY
+                self._release(self.coroutines.abandon(), "cancelled at the shutdown timeout")
+                self._settle_arrived()
             if len(self.in_flight) and self.timed_out is not None:
                 if overdue := timeouts.overdue(self.in_flight.held()):
                     self._stop_overdue(overdue)  # hung meanwhile: failed as the first
@@ -592,23 +636,33 @@ class Worker:
         except DatabaseError as exc:
             logger.warning("could not finish the shutdown cleanly: %s", exc)
         finally:
+            self.coroutines.close()
             self.waiter.close()
             connections.close_all()
             logger.info("consumer %s stopped", self.identity)
+
+    def _settle_arrived(self) -> None:
+        for station in self.stations.values():
+            self.in_flight.remove(station.settler.settle(take_all(station.arrived)))
 
     def _release_running(self) -> None:
         """Stopped by a hung handler, past the shutdown timeout: the items still running go
         back READY, their attempt uncounted (the process ends, and they with it), but
         those of a queue that must not run twice (``RESCUE`` "fail"), left to the rescue."""
+        self._release(
+            [item for item, _ in self.in_flight.held()], "still running, as this consumer exits"
+        )
+
+    def _release(self, items: list[QueueItem], why: str) -> None:
+        """Put these items back READY, their attempt uncounted, but those of a queue that
+        must not run twice (``RESCUE`` "fail"), left to the rescue; log how many, and why."""
         released = [
             item
-            for item, _ in self.in_flight.held()
+            for item in items
             if conf.queue_option(item.queue, "RESCUE") != "fail" and store.release(item)
         ]
         if released:
-            logger.warning(
-                "released %s still running, as this consumer exits", counted(len(released), "item")
-            )
+            logger.warning("released %s %s", counted(len(released), "item"), why)
             self.in_flight.discard(released)
 
 
@@ -700,12 +754,13 @@ class HandlerThreads:
             threading.Thread(target=self.serve, name=f"txqueue-handler-{n}", daemon=True)
             for n in range(size)
         ]
-
-    def start(self) -> None:
-        for thread in self.threads:
-            thread.start()
+        self.started = False
 
     def submit(self, items: list[QueueItem]) -> None:
+        if not self.started:  # a consumer of async handlers only starts none
+            self.started = True
+            for thread in self.threads:
+                thread.start()
         self.pending.put(items)
 
     def serve(self) -> None:

@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import traceback
+from asyncio import iscoroutinefunction
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
@@ -161,6 +163,18 @@ class TxQueueBackend(BaseTaskBackend):
         task_enqueued.send(type(self), task_result=result)
         return result
 
+    async def aenqueue(
+        self, task: Task[Any, Any], args: Iterable[Any], kwargs: dict[str, Any]
+    ) -> TaskResult[Any, Any]:
+        """``enqueue`` from async code, run where Django runs async code's database work
+        (``sync_to_async``, thread-sensitive), as ``django_txqueue.aenqueue``: the event
+        loop goes on meanwhile. The item commits at once (docs/async.md)."""
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
+
+    async def aget_result(self, result_id: str) -> TaskResult[Any, Any]:
+        """``get_result`` from async code, off the event loop as ``aenqueue``."""
+        return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
+
     def get_result(self, result_id: str) -> TaskResult[Any, Any]:
         """The task's result as its item stands now; TaskResultDoesNotExist if none."""
         item = self.find_item(result_id)
@@ -288,19 +302,15 @@ def run_task(item: QueueItem) -> Any:
     """Run the task stored in ``item`` and return its (JSON) return value.
 
     An exception propagates to the consumer, which retries the item or fails it with
-    the traceback; ``get_result`` then reports it.
+    the traceback; ``get_result`` then reports it. An ``async def`` task runs on the
+    consumer's event loop instead (``arun_task``).
     """
     task = stored_task(item)
     result = task_result(item, task)
-    args, kwargs = result.args, result.kwargs
     sender = type(task.get_backend())
     task_started.send(sender, task_result=result)
     try:
-        if task.takes_context:
-            value = task.call(TaskContext(task_result=result), *args, **kwargs)
-        else:
-            value = task.call(*args, **kwargs)
-        value = json_value(value, f"return value of task {task.module_path}", NotJSONSerializable)
+        value = returned(task, task.call(*arguments(task, result), **result.kwargs))
     except Snooze:  # not finished: it runs again later, and reports then
         raise
     except BaseException as exc:  # SystemExit too: the consumer records it as a failure
@@ -310,6 +320,48 @@ def run_task(item: QueueItem) -> Any:
     finish(result, "SUCCESSFUL", value=value)
     task_finished.send(sender, task_result=result)
     return value
+
+
+async def arun_task(item: QueueItem) -> Any:
+    """``run_task`` for an ``async def`` task: awaited on the consumer's event loop, its
+    signals' receivers run as Django runs them from async code (``Signal.asend``). The
+    result is made off the loop: a claim may leave a field for it to load (MySQL's)."""
+    task = stored_task(item)
+    result = await sync_to_async(task_result, thread_sensitive=True)(item, task)
+    sender = type(task.get_backend())
+    await task_started.asend(sender, task_result=result)
+    try:
+        value = returned(task, await task.acall(*arguments(task, result), **result.kwargs))
+    except Snooze:
+        raise
+    except BaseException as exc:
+        finish(result, "FAILED", error=exc)
+        await task_finished.asend(sender, task_result=result)
+        raise
+    finish(result, "SUCCESSFUL", value=value)
+    await task_finished.asend(sender, task_result=result)
+    return value
+
+
+def coroutine_of(item: QueueItem) -> Callable[[QueueItem], Any] | None:
+    """``arun_task`` for an item of an ``async def`` task, else None (``run_task``)."""
+    try:
+        return arun_task if iscoroutinefunction(stored_task(item).func) else None
+    except Exception:  # a payload or path gone bad: run_task fails the item, and says why
+        return None
+
+
+registry.choose_coroutine(run_task, coroutine_of)
+
+
+def arguments(task: Task[Any, Any], result: TaskResult[Any, Any]) -> list[Any]:
+    """The task's positional arguments, its context first if it takes one."""
+    args = list(result.args)
+    return [TaskContext(task_result=result), *args] if task.takes_context else args
+
+
+def returned(task: Task[Any, Any], value: Any) -> Any:
+    return json_value(value, f"return value of task {task.module_path}", NotJSONSerializable)
 
 
 def finish(

@@ -86,11 +86,11 @@ def test_the_verifier_reports_an_item_processed_twice():
     QueueItem.objects.filter(pk=item.pk).update(attempts=2)
     problems = drain.verify_exactly_once(target, 3, 4)
     assert problems == [
-        "1 item(s) done after 2 attempt(s), not done after 1",
+        "1 item done after 2 attempts, not done after 1",
         "the consumers processed 4 items, not 3",
     ]
     assert drain.verify_exactly_once(target, 4, 4) == [
-        "1 item(s) done after 2 attempt(s), not done after 1",
+        "1 item done after 2 attempts, not done after 1",
         "3 items in the queue where 4 were enqueued",
     ]
 
@@ -188,7 +188,7 @@ def test_a_drain_that_leaves_an_item_unprocessed_fails(monkeypatch):
     report = json.loads(out)
     assert report["ok"] is False
     assert [row["verified"] for row in report["drain"]] == [False] * len(strategies())
-    assert any("1 item(s) ready after 1 attempt(s)" in p for p in report["problems"])
+    assert any("1 item ready after 1 attempt" in p for p in report["problems"])
     assert any("processed 49 items, not 50" in p for p in report["problems"])
 
 

@@ -1,5 +1,6 @@
 """Handlers for the consumer tests, autodiscovered like any app's queues.py."""
 
+import asyncio
 import time
 
 from django_txqueue import once
@@ -134,3 +135,21 @@ def reports_progress(item):
 
 
 handler("progress_atomic", atomic=True)(reports_progress)
+
+
+@handler("async-nap")
+async def async_nap(item):
+    """Records its run, then awaits ``seconds`` (default 0.05): a provider's API call."""
+    await Run.objects.acreate(item_id=item.pk, consumer=item.pid)
+    options = item.payload if isinstance(item.payload, dict) else {}
+    await asyncio.sleep(options.get("seconds", 0.05))
+    return "napped"
+
+
+@handler("nap")
+def nap(item):
+    """``async-nap``'s sync twin: records its run, then sleeps ``seconds`` (default 0.05)."""
+    Run.objects.create(item_id=item.pk, consumer=item.pid)
+    options = item.payload if isinstance(item.payload, dict) else {}
+    time.sleep(options.get("seconds", 0.05))
+    return "napped"

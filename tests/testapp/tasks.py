@@ -1,5 +1,7 @@
 """Django Tasks run by django_txqueue.backends.TxQueueBackend (tests/test_backends.py)."""
 
+import asyncio
+import threading
 from typing import Any
 
 try:
@@ -47,6 +49,18 @@ def attempt_info(context: Any, x: int) -> dict[str, Any]:
 @task
 async def async_double(x: int) -> int:
     return x * 2
+
+
+@task
+async def async_nap(seconds: float) -> str:
+    """Awaits ``seconds``; the thread it ran on."""
+    await asyncio.sleep(seconds)
+    return threading.current_thread().name
+
+
+@task
+def where() -> str:
+    return threading.current_thread().name
 
 
 @task

@@ -32,6 +32,7 @@ from django.db.models.functions import Now
 
 from django_txqueue import Consumer, QueueItem, Status
 
+from ...observe.logs import counted
 from ..progress import Progress
 from ..target import Target
 from .gate import GATE_VARIABLE, QUEUE_VARIABLE, Gate, at_first_call
@@ -70,7 +71,10 @@ def verify_exactly_once(
         total += n
         if (status, attempts) != (Status.DONE, 1):
             label = Status(status).label
-            problems.append(f"{n} item(s) {label} after {attempts} attempt(s), not done after 1")
+            problems.append(
+                f"{counted(n, 'item')} {label} after {counted(attempts, 'attempt')}, "
+                "not done after 1"
+            )
     if total != expected:
         problems.append(f"{total} items in the queue where {expected} were enqueued")
     if processed != expected:
@@ -179,7 +183,7 @@ class Forked:
         problems = [f"a consumer failed: {r[1]}" for r in self.reports if r[0] == "error"]
         if len(self.reports) < len(self.children):
             missing = len(self.children) - len(self.reports)
-            problems.append(f"{missing} consumer(s) died or timed out unreported")
+            problems.append(f"{counted(missing, 'consumer')} died or timed out unreported")
         identities = [report[2] for report in finished if report[2]]
         return sum(report[1] for report in finished), identities, problems
 

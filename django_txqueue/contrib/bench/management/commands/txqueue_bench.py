@@ -16,6 +16,7 @@ from django_txqueue.contrib.bench.report import table
 from django_txqueue.contrib.progress import Progress
 from django_txqueue.contrib.target import Target
 from django_txqueue.management import own_queue
+from django_txqueue.observe.logs import counted
 
 PARTS = ("enqueue", "drain", "wakeup", "scale", "spread", "fair")
 # "spread" (one consumer serving many queues) and "fair" (fair and bounded queues against
@@ -222,7 +223,9 @@ class Command(BaseCommand):
         result["seconds"] = time.monotonic() - began
         self.stdout.write(json.dumps(result, indent=2) if options["json"] else table(result))
         if problems:
-            raise CommandError(f"verification failed: {len(problems)} problem(s), listed above")
+            raise CommandError(
+                f"verification failed: {counted(len(problems), 'problem')}, listed above"
+            )
 
 
 def check_safe_name(target: Target, yes: bool) -> None:

@@ -11,6 +11,7 @@ from django_txqueue.contrib.chaos.run import Options, RestartFailed, run
 from django_txqueue.contrib.progress import Progress
 from django_txqueue.contrib.target import Target
 from django_txqueue.management import own_queue
+from django_txqueue.observe.logs import counted
 from django_txqueue.validation import parse_rate
 
 SAFE_WORDS = ("test", "staging")
@@ -104,7 +105,7 @@ class Command(BaseCommand):
             json.dumps(report, indent=2, default=str) if options["json"] else text(report)
         )
         if report["violations"]:
-            raise CommandError(f"{len(report['violations'])} violation(s), listed above")
+            raise CommandError(f"{counted(len(report['violations']), 'violation')}, listed above")
 
 
 def text(report: dict[str, Any]) -> str:
