@@ -199,6 +199,14 @@ def record(rates: type[Model], budgets: list[Budget], using: str) -> None:
 RECORDED = ["claims", "last_at", "last_items", "full_until"]
 
 
+def write_claims(
+    rates: type[Model], budget: Budget, using: str, full_until: datetime | None = None
+) -> None:
+    """Write ``budget``'s claims (within bounds) to its row, as grants change them."""
+    rows = rates._default_manager.using(using).filter(pk=budget.row.pk)
+    rows.update(claims=kept(budget.claims), full_until=full_until)
+
+
 def seconds_to_room(rates: type[Model], queue: str, using: str) -> float | None:
     """Seconds until the first of ``queue``'s keys whose budget is spent has room again
     (None: no key's is spent)."""
@@ -278,7 +286,7 @@ class Allowance:
             if units:
                 budget.claims.append([at, units])
                 budget.taken = units
-                self._write(budget, budget.full_until)
+                write_claims(self.rates, budget, self.using, budget.full_until)
             return units, at, budget.room_in()
 
     def _give_back(self) -> None:
@@ -297,12 +305,8 @@ class Allowance:
                 if claim[0] == self.at:
                     claim[1] = max(claim[1] - units, 0)
                     budget.claims = [c for c in budget.claims if c[1]]
-                    self._write(budget, None)
+                    write_claims(self.rates, budget, self.using)
                     return
-
-    def _write(self, budget: Budget, full_until: datetime | None) -> None:
-        rows = self.rates._default_manager.using(self.using).filter(pk=budget.row.pk)
-        rows.update(claims=kept(budget.claims), full_until=full_until)
 
 
 class KeyGrants:
@@ -365,8 +369,7 @@ class KeyGrants:
             at = micros(shared.now) + round(self.span * 1_000_000)
             if units:
                 shared.claims.append([at, units])
-            rows = self.rates._default_manager.using(self.using).filter(pk=shared.row.pk)
-            rows.update(claims=kept(shared.claims))
+            write_claims(self.rates, shared, self.using)
             return units, at
 
     def _most_taken_by_a_key(self, now: datetime) -> int:

@@ -185,6 +185,8 @@ def test_a_rate_limit_per_key_granted_and_counted_holds_across_four_processes(tm
         assert max(claimed) - min(claimed) >= timedelta(seconds=3)
     granted = QueueRate.objects.get(queue="echo", per_key=True, key=SHARED)
     assert granted.claims  # some claims went under grants
+    counted = QueueRate.objects.filter(queue="echo", per_key=True).exclude(key=SHARED)
+    assert counted.exists()  # and some counted their keys
 
 
 TIMEOUT = 2
