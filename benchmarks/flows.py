@@ -9,7 +9,9 @@
   (``finished_at`` to ``claimed_at``, both by the database's clock), p50 and p95 over
   ROUNDS x 10 groups of 20 steps drained by one consumer;
 - enqueue: writing a group of 1,000 steps with a ``then``, beside ``enqueue_many`` of
-  1,000; milliseconds, median of ROUNDS x 3.
+  1,000; milliseconds, medians of ROUNDS x 10 pairs, each pair run back to back (the two
+  taking turns at going first), and the median of the pairs' ratios: a commit's fsync
+  varies more from one to the next than the two differ.
 
 Run by hand on its own database (``txqueue_bench_flows``), never by pytest; it prints
 numbers and asserts nothing a noisy machine could fail.
@@ -73,16 +75,26 @@ def release_delays(groups: int) -> list[float]:
     return delays
 
 
-def enqueue_times(size: int) -> tuple[float, float]:
-    """Milliseconds: enqueue_many of SIZE, then a group of SIZE steps with a then."""
-    empty()
-    began = time.perf_counter()
-    Queue(QUEUE).enqueue_many([{"n": n} for n in range(size)])
-    plain = (time.perf_counter() - began) * 1000
-    empty()
-    began = time.perf_counter()
-    group(*(step(QUEUE, {"n": n}) for n in range(size)), then=step(QUEUE, {})).enqueue()
-    return plain, (time.perf_counter() - began) * 1000
+def enqueue_times(size: int, first: str) -> tuple[float, float]:
+    """Milliseconds: enqueue_many of SIZE and a group of SIZE steps with a then, the one
+    named ``first`` ("many" or "group") first (the pairs take turns)."""
+
+    def many() -> None:
+        Queue(QUEUE).enqueue_many([{"n": n} for n in range(size)])
+
+    def flow() -> None:
+        group(*(step(QUEUE, {"n": n}) for n in range(size)), then=step(QUEUE, {})).enqueue()
+
+    writes = [("many", many), ("group", flow)]
+    if first == "group":
+        writes.reverse()
+    took = {}
+    for name, write in writes:
+        empty()
+        began = time.perf_counter()
+        write()
+        took[name] = (time.perf_counter() - began) * 1000
+    return took["many"], took["group"]
 
 
 def main() -> None:
@@ -102,11 +114,12 @@ def main() -> None:
         f"then claimed after the last step's acknowledgement: p50 "
         f"{statistics.median(delays):.1f} ms, p95 {p95:.1f} ms ({len(delays)} groups)"
     )
-    times = [enqueue_times(1000) for _ in range(rounds * 3)]
+    times = [enqueue_times(1000, ("many", "group")[n % 2]) for n in range(rounds * 10)]
     many, flows = (statistics.median(t[n] for t in times) for n in (0, 1))
+    ratio = statistics.median(group / many for many, group in times)
     print(
         f"enqueue 1,000: enqueue_many {many:.1f} ms, a group with a then {flows:.1f} ms "
-        f"({flows / many:.2f}x)"
+        f"(medians of {len(times)}; the median pair {ratio:.2f}x)"
     )
     empty()
 

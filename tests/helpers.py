@@ -68,9 +68,9 @@ def _bulk_params(connection):
     """How the dialect sends two rows of one text column to its bulk source, or None
     where rows go as VALUES."""
     found = _dialect(connection)
-    if found.bulk_rows(connection, ["integer"]) is None:
-        return None
-    return found.bulk_params([["a"], ["b"]])
+    column = [("a", "b")]
+    layout = found.bulk_layout(connection, ["text"], column) if found.bulk_source else None
+    return None if layout is None else found.bulk_params(column, layout)
 
 
 FEATURES = {

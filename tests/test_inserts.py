@@ -102,12 +102,26 @@ class TestManyItems:
         )
 
     @pytest.mark.requires("array_bulk_rows")  # PostgreSQL's unnest of arrays
-    def test_postgresql_sends_one_array_per_column(self, queue):
+    def test_postgresql_sends_the_payloads_as_one_json_array_and_shared_values_once(self, queue):
         with CaptureQueriesContext(connection) as queries:
             queue.enqueue_many([{"n": n} for n in range(500)], key="k")
         (insert,) = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
-        assert "unnest(" in insert
+        assert "jsonb_array_elements(" in insert and "unnest(" not in insert
+        assert insert.count("'k'") == 1  # the key, which every row has, sent once
         assert queue.items.filter(key="k").count() == 500
+
+    @pytest.mark.requires("array_bulk_rows")
+    def test_postgresql_sends_columns_that_vary_as_arrays(self, queue):
+        """Payloads with an SQL NULL among them go as an array of jsonb: one JSON array
+        would make the NULL JSON null."""
+        payloads = [{"n": 0}, None, {"n": 2}]
+        with CaptureQueriesContext(connection) as queries:
+            queue.enqueue_many(payloads, key="k")
+        (insert,) = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+        assert "unnest(" in insert and "jsonb[]" in insert
+        rows = queue.items.filter(key="k").order_by("pk")
+        assert [row.payload for row in rows] == payloads
+        assert queue.items.filter(key="k", payload__isnull=True).count() == 1
 
     def test_many_rows_keep_their_text_times_and_order(self, queue):
         payloads = [{"text": "naïve café ☃ 🚀", "n": n, "quote": 'it\'s "x"'} for n in range(300)]
@@ -144,7 +158,8 @@ class TestManyItems:
 
     @pytest.mark.requires("json_bulk_rows")
     def test_values_json_cannot_carry_go_as_values_rows(self):
-        assert inserts(Thing, "default").bulk_params(connection, [[b"\x00"], [b"\x01"]]) is None
+        writer = inserts(Thing, "default")
+        assert writer.bulk(connection, (("name", None),), [[b"\x00"], [b"\x01"]]) is None
 
     def test_all_or_none_across_statements(self, transactional_db):
         # Four statements (a claimed_at expression changes the shape); the last row fails.
@@ -156,8 +171,28 @@ class TestManyItems:
         assert Thing.objects.count() == 0
 
     @pytest.mark.requires("char_lengths")
-    def test_a_value_too_long_for_its_column_is_refused_not_cut(self, transactional_db):
-        things = [Thing(name="short"), Thing(name="x" * 60)]
+    @pytest.mark.parametrize("shared", [False, True], ids=["one row's", "every row's"])
+    def test_a_value_too_long_for_its_column_is_refused_not_cut(self, transactional_db, shared):
+        """Also where every row has it, and it is sent once for all of them."""
+        long = "x" * 60
+        things = [Thing(name=long if shared else "short", group=f"g{n}") for n in range(3)]
+        things.append(Thing(name=long, group="g3"))
         with pytest.raises(DatabaseError):
             inserts(Thing, "default").insert(things)
         assert not Thing.objects.filter(name__startswith="x").exists()
+
+    def test_values_every_row_shares_are_written_to_every_row(self, queue):
+        """A flow's id, a key, a time, a priority: each sent once where the database has
+        a bulk source, and read back the same from every row."""
+        run_at = timezone.now().replace(microsecond=654321) + dt.timedelta(minutes=3)
+        flow = group(
+            *(step(queue.name, {"n": n}, key="k é", run_at=run_at, priority=7) for n in range(50))
+        ).enqueue()
+        rows = queue.items.filter(flow=flow.id).order_by("pk")
+        assert [row.payload for row in rows] == [{"n": n} for n in range(50)]
+        assert {(r.key, r.run_at, r.priority, r.status) for r in rows} == {
+            ("k é", run_at, 7, Status.READY)
+        }
+        assert [item.pk for item in flow.items] == [row.pk for row in rows]
+        same = queue.enqueue_many([{"same": True}] * 20)  # every column shared
+        assert queue.items.filter(payload={"same": True}).count() == len(same) == 20

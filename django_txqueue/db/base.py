@@ -55,6 +55,19 @@ class Uncounted(Exception):
     and the acknowledgement is left to the plain statement and ``store.flows``."""
 
 
+# ``Dialect.bulk_layout``: a column every row has the same value in, bound once.
+SHARED = "shared"
+
+
+def shared_columns(columns: list[tuple[Any, ...]]) -> list[bool]:
+    """Which columns hold the same value in every row (all but the payload, in an
+    enqueue_many); never all of them: a bulk source needs one that gives the rows."""
+    shared = [column.count(column[0]) == len(column) for column in columns]
+    if all(shared):
+        shared[0] = False
+    return shared
+
+
 class Dialect:
     vendor: ClassVar[str]
     # Producers wake consumers through the database itself (PostgreSQL's NOTIFY), so the
@@ -68,6 +81,8 @@ class Dialect:
     # A consumer's claims start after its last claimed item (``ClaimValues.after``), so
     # that they do not read the index entries of the rows claimed before (``resume``).
     resumes_claims: ClassVar[bool] = False
+    # Many rows are inserted from a few parameters (``bulk_layout``), not as VALUES.
+    bulk_source: ClassVar[bool] = False
 
     # A statement that does nothing, which a migration runs for an index this database does
     # without (``has_partial_indexes``: MySQL's and MariaDB's partial indexes).
@@ -335,14 +350,26 @@ class Dialect:
         database has none. ``NotificationsLost`` if announcements cannot reach it."""
         return None
 
-    def bulk_rows(self, connection: BaseDatabaseWrapper, types: list[str]) -> str | None:
-        """A SELECT of an INSERT's many rows, of columns of ``types``, from the few
-        parameters ``bulk_params`` makes of them; None where rows go as VALUES (SQLite
-        binds thousands of parameters faster than it would read them from JSON)."""
+    def bulk_layout(
+        self, connection: BaseDatabaseWrapper, types: list[str], columns: list[tuple[Any, ...]]
+    ) -> tuple[str, ...] | None:
+        """How the bulk source carries each column of many rows (``columns``, one tuple of
+        values per column, of ``types``): ``SHARED`` where every row has the same value,
+        bound once; the dialect's own forms for the others. None where rows go as VALUES
+        (SQLite binds thousands of parameters faster than it would read them from JSON).
+        Called only where ``bulk_source``."""
         return None
 
-    def bulk_params(self, rows: list[list[Any]]) -> list[Any]:
-        """``bulk_rows``' parameters for ``rows``; TypeError if they cannot be sent so."""
+    def bulk_rows(
+        self, connection: BaseDatabaseWrapper, types: list[str], layout: tuple[str, ...]
+    ) -> str:
+        """The SELECT of an INSERT's many rows, of columns of ``types`` carried as
+        ``layout`` says, from the parameters ``bulk_params`` makes."""
+        raise NotSupportedError(f"{self.vendor} inserts many rows as VALUES")
+
+    def bulk_params(self, columns: list[tuple[Any, ...]], layout: tuple[str, ...]) -> list[Any]:
+        """``bulk_rows``' parameters for ``columns``: the shared values, then the
+        source's; TypeError if they cannot be sent so (they then go as VALUES)."""
         raise NotSupportedError(f"{self.vendor} inserts many rows as VALUES")
 
     def pk_in(self, pk: str, size: int) -> str:

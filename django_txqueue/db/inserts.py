@@ -71,7 +71,8 @@ class Inserts(Generic[M]):
         self.auto_pk = self.pk.attname not in self.fields
         self.dialect = dialect(connections[alias])
         self._statements: dict[tuple[Shape, int], tuple[str, str, str]] = {}
-        self._bulk: dict[Shape, tuple[str, bool] | None] = {}
+        self._bulk: dict[tuple[Shape, tuple[str, ...]], tuple[str, bool]] = {}
+        self._types: dict[Shape, list[str]] = {}
         self._computed: dict[Shape, list[str]] = {}
         self._batch_sizes: dict[Shape, int] = {}
 
@@ -154,10 +155,6 @@ class Inserts(Generic[M]):
         a model instance built and converted per row."""
         connection = self.connection
         shape: Shape = tuple((name, None) for name in names)
-        into, row, _ = self.parts(connection, shape, 2)
-        fields = [self.fields[name] for name in names]
-        types = [field.db_type(connection) or "" for field in fields]
-        source = self.dialect.bulk_rows(connection, types)
         size = self.batch_size(shape)
         with (
             transaction.atomic(using=self.alias, savepoint=False),
@@ -165,10 +162,11 @@ class Inserts(Generic[M]):
         ):
             for start in range(0, len(rows), size):
                 batch = rows[start : start + size]
-                params = self.bulk_params(connection, batch) if source is not None else None
-                if source is not None and params is not None:
-                    cursor.execute(into + source, params)
+                bulk = self.bulk(connection, shape, batch) if len(batch) > 1 else None
+                if bulk is not None:
+                    cursor.execute(bulk[0], bulk[2])
                 else:
+                    into, row, _ = self.parts(connection, shape, 2)
                     values = ", ".join([row] * len(batch))
                     cursor.execute(f"{into}VALUES {values}", [v for r in batch for v in r])
 
@@ -275,10 +273,9 @@ class Inserts(Generic[M]):
         items: Sequence[M],
         rows: list[list[Any]],
     ) -> None:
-        bulk = self.bulk_statement(connection, shape) if len(items) > 1 else None
-        params = self.bulk_params(connection, rows) if bulk is not None else None
-        if bulk is not None and params is not None:  # a few parameters for all the rows
-            sql, returning = bulk
+        bulk = self.bulk(connection, shape, rows) if len(items) > 1 else None
+        if bulk is not None:  # a few parameters for all the rows
+            sql, returning, params = bulk
         else:
             sql, returning = self.statement(connection, shape, len(items))
             params = [value for row in rows for value in row]
@@ -325,30 +322,36 @@ class Inserts(Generic[M]):
             ]
         return self._computed[shape]
 
-    def bulk_statement(
-        self, connection: BaseDatabaseWrapper, shape: Shape
-    ) -> tuple[str, bool] | None:
-        """The INSERT of many rows of ``shape`` from the database's bulk source
-        (``Dialect.bulk_rows``) and whether it returns their primary keys; None where it
-        has none, or a column is an expression. Cached per shape."""
-        if shape not in self._bulk:
-            self._bulk[shape] = None
-            if all(expression is None for _, expression in shape):
-                fields = [self.fields[name] for name, _ in shape]
-                types = [field.db_type(connection) or "" for field in fields]
-                source = dialect(connection).bulk_rows(connection, types)
-                if source is not None:
-                    into, _, returning = self.parts(connection, shape, 2)
-                    self._bulk[shape] = (into + source + returning, bool(returning))
-        return self._bulk[shape]
-
-    @staticmethod
-    def bulk_params(connection: BaseDatabaseWrapper, rows: list[list[Any]]) -> list[Any] | None:
-        """``rows`` as the bulk source's parameters; None if it cannot take these values."""
-        try:
-            return dialect(connection).bulk_params(rows)
-        except TypeError:  # a value JSON cannot carry (bytes, say): they go as VALUES
+    def bulk(
+        self, connection: BaseDatabaseWrapper, shape: Shape, rows: list[list[Any]]
+    ) -> tuple[str, bool, list[Any]] | None:
+        """The INSERT of ``rows`` of ``shape`` from the database's bulk source
+        (``Dialect.bulk_layout``), whether it returns their primary keys, and its
+        parameters; None where it has none, a column is an expression, or the source
+        cannot carry these values (they go as VALUES)."""
+        if not self.dialect.bulk_source or any(sql is not None for _, sql in shape):
             return None
+        columns = list(zip(*rows, strict=True))
+        types = self.types(connection, shape)
+        layout = self.dialect.bulk_layout(connection, types, columns)
+        if layout is None:
+            return None
+        try:
+            params = self.dialect.bulk_params(columns, layout)
+        except TypeError:  # a value JSON cannot carry (bytes, say)
+            return None
+        key = (shape, layout)
+        if key not in self._bulk:  # one per shape and way its columns are sent
+            into, _, returning = self.parts(connection, shape, 2)
+            source = self.dialect.bulk_rows(connection, types, layout)
+            self._bulk[key] = (into + source + returning, bool(returning))
+        return *self._bulk[key], params
+
+    def types(self, connection: BaseDatabaseWrapper, shape: Shape) -> list[str]:
+        """The database types of the columns of ``shape``, cached per shape."""
+        if shape not in self._types:
+            self._types[shape] = [self.fields[name].db_type(connection) or "" for name, _ in shape]
+        return self._types[shape]
 
     def statement(
         self, connection: BaseDatabaseWrapper, shape: Shape, rows: int

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, Error, InterfaceError, connections
 
 from ..status import Status
-from .base import Dialect
+from .base import SHARED, Dialect, shared_columns
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 # lock this one held). Either rolled the whole transaction back. (1047 "WSREP has not yet
 # prepared node for application use" is a node out of the cluster: not a conflict.)
 TRANSIENT_ERRORS = {1213, 1205}
+# ``bulk_layout``: a column that varies goes in the JSON rows ``JSON_TABLE`` reads.
+JSON_ROWS = "json rows"
 # SHOW ENGINE INNODB STATUS: the next transaction id, and how far the purge has come.
 TRX_COUNTER = re.compile(r"Trx id counter (\d+)")
 PURGED_BELOW = re.compile(r"Purge done for trx's n:o < (\d+)")
@@ -54,6 +56,7 @@ def uuid_text(value: Any) -> str:
 class MySQL(Dialect):
     vendor = "mysql"
     acks_while_claiming = frozenset({"skip_locked"})
+    bulk_source = True
     begin_sql = "START TRANSACTION"
     # Under READ COMMITTED, Django's default here, InnoDB steps over the READY index
     # entries of rows claimed since its purge last ran at several times the cost of a live
@@ -185,31 +188,45 @@ class MySQL(Dialect):
             [int(Status.IN_PROGRESS), values.token],
         )
 
-    def bulk_rows(self, connection: BaseDatabaseWrapper, types: list[str]) -> str | None:
-        """``JSON_TABLE`` over one JSON array of the rows: one parameter for a thousand
-        rows, where mysqlclient quotes each of ten thousand in Python (about 7 us of CPU
-        a row, against 1). MariaDB 10.6 and MySQL 8.0.4 on.
-
-        Each value is read as text and converted by the INSERT, as a quoted VALUES one
-        would be: JSON_TABLE's own types would cut a string too long for its column, or
-        make a number out of range NULL, without an error. Booleans (JSON true and false)
-        keep their type; a JSON value (given as the string of its text) stays that text.
-        """
+    def bulk_layout(
+        self, connection: BaseDatabaseWrapper, types: list[str], columns: list[tuple[Any, ...]]
+    ) -> tuple[str, ...] | None:
+        """The columns that vary in one JSON array of rows (``JSON_ROWS``), read by
+        ``JSON_TABLE``: one parameter for a thousand rows, where mysqlclient quotes each
+        of ten thousand in Python (about 7 us of CPU a row, against 1). MariaDB 10.6 and
+        MySQL 8.0.4 on."""
         mariadb, version = connection.mysql_is_mariadb, connection.mysql_version  # type: ignore[attr-defined]
         if version < ((10, 6) if mariadb else (8, 0, 4)):
             return None
+        return tuple(SHARED if shared else JSON_ROWS for shared in shared_columns(columns))
+
+    def bulk_rows(
+        self, connection: BaseDatabaseWrapper, types: list[str], layout: tuple[str, ...]
+    ) -> str:
+        """Each value in the JSON rows is read as text and converted by the INSERT, as a
+        quoted VALUES one would be: JSON_TABLE's own types would cut a string too long
+        for its column, or make a number out of range NULL, without an error. Booleans
+        (JSON true and false) keep their type; a JSON value (given as the string of its
+        text) stays that text. A shared value is bound as VALUES binds it."""
+        varying = [t for t, form in zip(types, layout, strict=True) if form != SHARED]
         columns = ", ".join(
             f"c{n} {'bool' if column_type == 'bool' else 'longtext'} PATH '$[{n}]'"
-            for n, column_type in enumerate(types)
+            for n, column_type in enumerate(varying)
         )
-        values = ", ".join(f"j.c{n}" for n in range(len(types)))
+        names = iter(f"j.c{n}" for n in range(len(varying)))
+        values = ", ".join("%s" if form == SHARED else next(names) for form in layout)
         return (
             f"SELECT {values} FROM JSON_TABLE(%s, '$[*]' COLUMNS "
             f"(n FOR ORDINALITY, {columns})) AS j ORDER BY j.n"
         )
 
-    def bulk_params(self, rows: list[list[Any]]) -> list[Any]:
-        return [json.dumps(rows, default=uuid_text)]
+    def bulk_params(self, columns: list[tuple[Any, ...]], layout: tuple[str, ...]) -> list[Any]:
+        values = [
+            column[0] for column, form in zip(columns, layout, strict=True) if form == SHARED
+        ]
+        varying = [c for c, form in zip(columns, layout, strict=True) if form != SHARED]
+        rows = zip(*varying, strict=True)
+        return [*values, json.dumps(list(rows), default=uuid_text)]
 
     def lock_sql(self, connection: BaseDatabaseWrapper, name: str) -> tuple[str, str, Any]:
         """``GET_LOCK`` with no wait. Its names are server-wide (and MySQL's at most 64
