@@ -15,7 +15,7 @@ from django.db import DataError, connection, transaction
 from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 
-from django_txqueue import Queue, Status, signals, store
+from django_txqueue import Queue, Status, group, signals, step, store
 from django_txqueue.consumer.worker import Worker
 from django_txqueue.db import dialect
 from django_txqueue.models import QueueItem
@@ -219,6 +219,73 @@ def test_a_large_batch_is_acknowledged_at_once_and_fenced():
     assert store.ack_many(QueueItem, "default", Ack(token ^ 1, pks)) == 0  # another claim's token
     assert store.ack_many(QueueItem, "default", Ack(token, pks)) == 120
     assert Queue("hotpath").count(status=Status.DONE) == 120
+
+
+def plain_statements(handlers):
+    """The claims and acknowledgements a burst consumer of ``handlers`` sends while it
+    drains 30 items of the plain queue "hotpath", each text once, their values made
+    placeholders (the claim tokens, keys and times differ from run to run), but those
+    that name another queue."""
+    queue = Queue("hotpath")
+    queue.items.delete()
+    queue.enqueue_many([{"n": n} for n in range(30)])
+    with CaptureQueriesContext(connection) as queries:
+        drain(handlers, batch=10)
+    done = queue.items.filter(status=Status.DONE).count()
+    assert done == 30
+    others = [name for name in handlers if name != "hotpath"]
+    found = set()
+    for query in queries.captured_queries:
+        sql = query["sql"]
+        # Its claims name the queue; an acknowledgement that does not ride with one names
+        # only primary keys.
+        ack = re.match(r'UPDATE [`"]django_txqueue_queueitem[`"] SET', sql) is not None
+        if not (ack or "'hotpath'" in sql) or any(f"'{name}'" in sql for name in others):
+            continue
+        sql = re.sub(r"'(?:[^']|'')*'", "?", sql)
+        sql = re.sub(r"\b\d+(\.\d+)?\b", "N", sql)
+        found.add(re.sub(r"\((N, )*N\)", "(N, ...)", sql))
+    return found
+
+
+def test_features_of_other_queues_leave_a_plain_queues_statements_as_they_are(settings):
+    """Rate limits, caps, time limits, progress, async handlers and flows on other queues:
+    a plain queue is claimed and acknowledged by the very statements it is without them,
+    which read none of their tables."""
+    plain = plain_statements({"hotpath": lambda item: None})
+
+    ran = []
+
+    async def coroutine(item):
+        ran.append(item.payload)
+        await item.areport_progress(1, 2)
+
+    handlers = {"hotpath": lambda item: None, "limited": lambda item: None, "coros": coroutine}
+    settings.TXQUEUE = {
+        "QUEUES": {
+            "limited": {
+                "RATE_LIMIT": "100/s",
+                "RATE_LIMIT_PER_KEY": "10/s",
+                "MAX_IN_FLIGHT": 3,
+                "TIMEOUT": 5,
+            },
+            "coros": {"TIMEOUT": 2},
+        }
+    }
+    # The features run first (their rows written), then the plain queue is drained by a
+    # consumer that serves their queues too.
+    Queue("limited").enqueue_many([{"n": n} for n in range(5)], key="k")
+    group(step("limited", {"f": 1}), step("limited", {"f": 2}), then=step("coros", {})).enqueue()
+    Queue("coros").enqueue_many([{"n": n} for n in range(3)])
+    drain(handlers, batch=10)
+    limited = Queue("limited").items.filter(status=Status.DONE).count()
+    assert (len(ran), limited) == (4, 7)  # the features ran
+    featured = plain_statements(handlers)
+    assert len(plain) >= 2  # its claims and acknowledgements, whichever form they take
+    assert featured - plain == set() and plain - featured == set()
+    text = " ".join(plain)
+    for table in ("queuerate", "queueprogress", "queuedependency", "queuebound"):
+        assert f"django_txqueue_{table}" not in text
 
 
 class TestAckAndClaim:
