@@ -278,6 +278,8 @@ def test_features_of_other_queues_leave_a_plain_queues_statements_as_they_are(se
     group(step("limited", {"f": 1}), step("limited", {"f": 2}), then=step("coros", {})).enqueue()
     Queue("coros").enqueue_many([{"n": n} for n in range(3)])
     drain(handlers, batch=10)
+    # A burst consumer may end before it claims the then its last acknowledgement released.
+    drain(handlers, batch=10)
     limited = Queue("limited").items.filter(status=Status.DONE).count()
     assert (len(ran), limited) == (4, 7)  # the features ran
     featured = plain_statements(handlers)
