@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,9 +59,9 @@ class Part:
     def steps(self) -> list[Step]:
         raise NotImplementedError
 
-    def wire(self, waits: dict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
-        """Record in ``waits`` ({id(step): the steps it waits for}) what waits for what
-        inside this part; returns its heads and its tails."""
+    def wire(self, waits: defaultdict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
+        """Record in ``waits`` (a defaultdict, {id(step): the steps it waits for}) what
+        waits for what inside this part; returns its heads and its tails."""
         raise NotImplementedError
 
     def enqueue(self, using: str | None = None) -> Flow:
@@ -71,7 +71,9 @@ class Part:
         steps = self.steps()
         if len(set(map(id, steps))) != len(steps):
             raise ValueError("a step appears twice in this flow; make a new step() for each")
-        waits: dict[int, list[Step]] = {id(s): [] for s in steps}
+        # Lists only for the steps that wait: a group's thousand others need none (each
+        # container made here is one more for the garbage collector to walk).
+        waits: defaultdict[int, list[Step]] = defaultdict(list)
         self.wire(waits)
         alias = using or home_database(steps[0].queue)
         queues = {q: conf.queue_options(q) for q in dict.fromkeys(s.queue for s in steps)}
@@ -83,7 +85,9 @@ class Part:
             )
         payloads = checked_payloads(steps)
         index = {id(s): n for n, s in enumerate(steps)}
-        parents = [[index[id(p)] for p in waits[id(s)]] for s in steps]
+        parents: list[Sequence[int]] = [
+            [index[id(p)] for p in waits[id(s)]] if id(s) in waits else () for s in steps
+        ]
         dependents = Counter(parent for waits_for in parents for parent in waits_for)
         flow = uuid.uuid4()
         # Steps alike but for their payload (their checked fields shared, ``step_fields``)
@@ -136,7 +140,7 @@ class Step(Part):
     def steps(self) -> list[Step]:
         return [self]
 
-    def wire(self, waits: dict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
+    def wire(self, waits: defaultdict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
         return [self], [self]
 
     def values(
@@ -162,7 +166,7 @@ class Chain(Part):
     def steps(self) -> list[Step]:
         return [s for part in self.parts for s in part.steps()]
 
-    def wire(self, waits: dict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
+    def wire(self, waits: defaultdict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
         heads: list[Step] = []
         tails: list[Step] = []
         for part in self.parts:
@@ -181,7 +185,7 @@ class Group(Part):
         then = self.then.steps() if self.then is not None else []
         return [s for part in self.parts for s in part.steps()] + then
 
-    def wire(self, waits: dict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
+    def wire(self, waits: defaultdict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
         heads: list[Step] = []
         tails: list[Step] = []
         for part in self.parts:

@@ -159,7 +159,7 @@ class TestManyItems:
     @pytest.mark.requires("json_bulk_rows")
     def test_values_json_cannot_carry_go_as_values_rows(self):
         writer = inserts(Thing, "default")
-        assert writer.bulk(connection, (("name", None),), [[b"\x00"], [b"\x01"]]) is None
+        assert writer.bulk(connection, (("name", None),), [[b"\x00", b"\x01"]]) is None
 
     def test_all_or_none_across_statements(self, transactional_db):
         # Four statements (a claimed_at expression changes the shape); the last row fails.

@@ -11,7 +11,7 @@ method is given the one to use.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -59,7 +59,7 @@ class Uncounted(Exception):
 SHARED = "shared"
 
 
-def shared_columns(columns: list[tuple[Any, ...]]) -> list[bool]:
+def shared_columns(columns: Sequence[Sequence[Any]]) -> list[bool]:
     """Which columns hold the same value in every row (all but the payload, in an
     enqueue_many); never all of them: a bulk source needs one that gives the rows."""
     shared = [column.count(column[0]) == len(column) for column in columns]
@@ -351,7 +351,7 @@ class Dialect:
         return None
 
     def bulk_layout(
-        self, connection: BaseDatabaseWrapper, types: list[str], columns: list[tuple[Any, ...]]
+        self, connection: BaseDatabaseWrapper, types: list[str], columns: Sequence[Sequence[Any]]
     ) -> tuple[str, ...] | None:
         """How the bulk source carries each column of many rows (``columns``, one tuple of
         values per column, of ``types``): ``SHARED`` where every row has the same value,
@@ -367,7 +367,7 @@ class Dialect:
         ``layout`` says, from the parameters ``bulk_params`` makes."""
         raise NotSupportedError(f"{self.vendor} inserts many rows as VALUES")
 
-    def bulk_params(self, columns: list[tuple[Any, ...]], layout: tuple[str, ...]) -> list[Any]:
+    def bulk_params(self, columns: Sequence[Sequence[Any]], layout: tuple[str, ...]) -> list[Any]:
         """``bulk_rows``' parameters for ``columns``: the shared values, then the
         source's; TypeError if they cannot be sent so (they then go as VALUES)."""
         raise NotSupportedError(f"{self.vendor} inserts many rows as VALUES")

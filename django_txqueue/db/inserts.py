@@ -149,10 +149,10 @@ class Inserts(Generic[M]):
             for batch in batches:
                 self._insert(connection, *batch)
 
-    def insert_values(self, names: Sequence[str], rows: list[list[Any]]) -> None:
-        """Insert ``rows``, each the plain values (ints, strings) of the columns ``names``,
-        all or none, returning nothing: rows nothing reads back (a flow's edges), without
-        a model instance built and converted per row."""
+    def insert_columns(self, names: Sequence[str], columns: Sequence[list[Any]]) -> None:
+        """Insert the rows whose values (ints, strings) ``columns`` hold, one list per
+        column of ``names``, all or none, returning nothing: rows nothing reads back (a
+        flow's edges), without a model instance, or even a list, built per row."""
         connection = self.connection
         shape: Shape = tuple((name, None) for name in names)
         size = self.batch_size(shape)
@@ -160,15 +160,16 @@ class Inserts(Generic[M]):
             transaction.atomic(using=self.alias, savepoint=False),
             self.dialect.hot_cursor(connection) as cursor,
         ):
-            for start in range(0, len(rows), size):
-                batch = rows[start : start + size]
-                bulk = self.bulk(connection, shape, batch) if len(batch) > 1 else None
+            for start in range(0, len(columns[0]), size):
+                batch = [column[start : start + size] for column in columns]
+                bulk = self.bulk(connection, shape, batch) if len(batch[0]) > 1 else None
                 if bulk is not None:
                     cursor.execute(bulk[0], bulk[2])
                 else:
                     into, row, _ = self.parts(connection, shape, 2)
-                    values = ", ".join([row] * len(batch))
-                    cursor.execute(f"{into}VALUES {values}", [v for r in batch for v in r])
+                    values = ", ".join([row] * len(batch[0]))
+                    params = [v for row in zip(*batch, strict=True) for v in row]
+                    cursor.execute(f"{into}VALUES {values}", params)
 
     def batches(
         self, items: Sequence[M], rows: list[tuple[Shape, list[Any]]]
@@ -273,7 +274,9 @@ class Inserts(Generic[M]):
         items: Sequence[M],
         rows: list[list[Any]],
     ) -> None:
-        bulk = self.bulk(connection, shape, rows) if len(items) > 1 else None
+        bulk = None
+        if len(items) > 1 and self.dialect.bulk_source:
+            bulk = self.bulk(connection, shape, list(zip(*rows, strict=True)))
         if bulk is not None:  # a few parameters for all the rows
             sql, returning, params = bulk
         else:
@@ -323,15 +326,15 @@ class Inserts(Generic[M]):
         return self._computed[shape]
 
     def bulk(
-        self, connection: BaseDatabaseWrapper, shape: Shape, rows: list[list[Any]]
+        self, connection: BaseDatabaseWrapper, shape: Shape, columns: Sequence[Sequence[Any]]
     ) -> tuple[str, bool, list[Any]] | None:
-        """The INSERT of ``rows`` of ``shape`` from the database's bulk source
+        """The INSERT of the rows of ``shape`` whose values ``columns`` hold (a sequence
+        per column) from the database's bulk source
         (``Dialect.bulk_layout``), whether it returns their primary keys, and its
         parameters; None where it has none, a column is an expression, or the source
         cannot carry these values (they go as VALUES)."""
         if not self.dialect.bulk_source or any(sql is not None for _, sql in shape):
             return None
-        columns = list(zip(*rows, strict=True))
         types = self.types(connection, shape)
         layout = self.dialect.bulk_layout(connection, types, columns)
         if layout is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -189,7 +190,7 @@ class MySQL(Dialect):
         )
 
     def bulk_layout(
-        self, connection: BaseDatabaseWrapper, types: list[str], columns: list[tuple[Any, ...]]
+        self, connection: BaseDatabaseWrapper, types: list[str], columns: Sequence[Sequence[Any]]
     ) -> tuple[str, ...] | None:
         """The columns that vary in one JSON array of rows (``JSON_ROWS``), read by
         ``JSON_TABLE``: one parameter for a thousand rows, where mysqlclient quotes each
@@ -220,7 +221,7 @@ class MySQL(Dialect):
             f"(n FOR ORDINALITY, {columns})) AS j ORDER BY j.n"
         )
 
-    def bulk_params(self, columns: list[tuple[Any, ...]], layout: tuple[str, ...]) -> list[Any]:
+    def bulk_params(self, columns: Sequence[Sequence[Any]], layout: tuple[str, ...]) -> list[Any]:
         values = [
             column[0] for column, form in zip(columns, layout, strict=True) if form == SHARED
         ]

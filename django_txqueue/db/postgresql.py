@@ -7,7 +7,7 @@ import json
 import secrets
 import select
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from functools import cache
@@ -267,7 +267,7 @@ class PostgreSQL(Dialect):
         return claim.sql[key], candidate_params + assignment_params + [int(Status.READY)]
 
     def bulk_layout(
-        self, connection: BaseDatabaseWrapper, types: list[str], columns: list[tuple[Any, ...]]
+        self, connection: BaseDatabaseWrapper, types: list[str], columns: Sequence[Sequence[Any]]
     ) -> tuple[str, ...]:
         """A column that varies as an array, a JSON one (the payloads) as one JSON array
         where its values allow: psycopg dumps an array of jsonb value by value, about
@@ -303,7 +303,7 @@ class PostgreSQL(Dialect):
             f"SELECT {', '.join(selected)} FROM ROWS FROM ({', '.join(sources)}) AS bulk ({names})"
         )
 
-    def bulk_params(self, columns: list[tuple[Any, ...]], layout: tuple[str, ...]) -> list[Any]:
+    def bulk_params(self, columns: Sequence[Sequence[Any]], layout: tuple[str, ...]) -> list[Any]:
         values = [
             column[0] for column, form in zip(columns, layout, strict=True) if form == SHARED
         ]
@@ -315,7 +315,7 @@ class PostgreSQL(Dialect):
         return values
 
     @staticmethod
-    def array(values: tuple[Any, ...]) -> Any:
+    def array(values: Sequence[Any]) -> Any:
         """A column's values as one parameter: integers as the array's text, which the
         server reads as an array of the column's type (psycopg dumps a list in Python,
         about 1.5 µs a value, and the text costs a tenth of that); else the list."""
@@ -483,7 +483,7 @@ class NotifyListener:
         self.connection.close()
 
 
-def json_array(values: tuple[Any, ...]) -> bool:
+def json_array(values: Sequence[Any]) -> bool:
     """Whether a JSON column's values go as one JSON array: each psycopg's ``Jsonb`` of
     one ``dumps`` (what Django's JSONField binds), none an SQL NULL (which
     ``jsonb_array_elements`` would make JSON null)."""

@@ -95,31 +95,35 @@ def add_edges(
     locked by ``waiting_values``), and the parents' ``dependent_count`` counted up by them."""
     if any(item.pk is None for item in items):
         read_back_pks(model, using, items)
-    insert_edges(model, using, [[item.pk, parent] for item in items for parent in parents])
+    children = [item.pk for item in items for _ in parents]
+    insert_edges(model, using, children, list(parents) * len(items))
     more = F("dependent_count") + len(items)
     model._base_manager.using(using).filter(pk__in=parents).update(dependent_count=more)
 
 
 def add_flow_edges(
-    model: type[QueueItem], using: str, items: list[QueueItem], parents: list[list[int]]
+    model: type[QueueItem], using: str, items: list[QueueItem], parents: list[Sequence[int]]
 ) -> None:
     """The edges of a flow written at once: from each item to each of its ``parents``
     (indices into ``items``)."""
-    pairs = [
-        [item.pk, items[parent].pk]
-        for item, waits_for in zip(items, parents, strict=True)
-        for parent in waits_for
-    ]
-    insert_edges(model, using, pairs)
+    pks = [item.pk for item in items]
+    children: list[Any] = []
+    waited_for: list[Any] = []
+    for pk, waits_for in zip(pks, parents, strict=True):
+        for parent in waits_for:
+            children.append(pk)
+            waited_for.append(pks[parent])
+    insert_edges(model, using, children, waited_for)
 
 
-def insert_edges(model: type[QueueItem], using: str, pairs: list[list[Any]]) -> None:
-    """Insert the edges ``pairs`` ([item, parent] primary keys) by the enqueue's own cached
-    INSERT (``db.inserts``): ``bulk_create`` builds an instance per edge, compiles its
-    statement and converts each value, which cost a 1,000-step group more than its items'
-    INSERT."""
-    if pairs:
-        inserts(edges_of(model), using).insert_values(["item_id", "parent_id"], pairs)
+def insert_edges(model: type[QueueItem], using: str, items: list[Any], parents: list[Any]) -> None:
+    """Insert the edges from each of ``items`` to the ``parents`` beside it (primary keys)
+    by the enqueue's own cached INSERT (``db.inserts``), a list per column: ``bulk_create``
+    builds an instance per edge, compiles its statement and converts each value, which
+    cost a 1,000-step group more than its items' INSERT; and a list per edge, more work
+    for the garbage collector than the rest of the flow."""
+    if items:
+        inserts(edges_of(model), using).insert_columns(["item_id", "parent_id"], [items, parents])
 
 
 def read_back_pks(model: type[QueueItem], using: str, items: list[QueueItem]) -> None:
