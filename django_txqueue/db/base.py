@@ -353,7 +353,7 @@ class Dialect:
     def bulk_layout(
         self, connection: BaseDatabaseWrapper, types: list[str], columns: Sequence[Sequence[Any]]
     ) -> tuple[str, ...] | None:
-        """How the bulk source carries each column of many rows (``columns``, one tuple of
+        """How the bulk source carries each column of many rows (``columns``, a sequence of
         values per column, of ``types``): ``SHARED`` where every row has the same value,
         bound once; the dialect's own forms for the others. None where rows go as VALUES
         (SQLite binds thousands of parameters faster than it would read them from JSON).
