@@ -171,8 +171,9 @@ class Chain(Part):
         tails: list[Step] = []
         for part in self.parts:
             part_heads, part_tails = part.wire(waits)
-            for head in part_heads:
-                waits[id(head)] += tails
+            if tails:  # the first part waits for nothing: no list for its heads
+                for head in part_heads:
+                    waits[id(head)] += tails
             heads, tails = heads or part_heads, part_tails
         return heads, tails
 

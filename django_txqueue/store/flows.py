@@ -116,14 +116,17 @@ def add_flow_edges(
     insert_edges(model, using, children, waited_for)
 
 
-def insert_edges(model: type[QueueItem], using: str, items: list[Any], parents: list[Any]) -> None:
-    """Insert the edges from each of ``items`` to the ``parents`` beside it (primary keys)
-    by the enqueue's own cached INSERT (``db.inserts``), a list per column: ``bulk_create``
-    builds an instance per edge, compiles its statement and converts each value, which
-    cost a 1,000-step group more than its items' INSERT; and a list per edge, more work
-    for the garbage collector than the rest of the flow."""
-    if items:
-        inserts(edges_of(model), using).insert_columns(["item_id", "parent_id"], [items, parents])
+def insert_edges(
+    model: type[QueueItem], using: str, children: list[Any], parents: list[Any]
+) -> None:
+    """Insert the edges from each of ``children`` to the parent beside it in ``parents``
+    (primary keys), a list per column, by the enqueue's own cached INSERT (``db.inserts``):
+    ``bulk_create`` would build, compile and convert an instance per edge, and a list per
+    edge made more work for the garbage collector than the rest of a big flow."""
+    if children:
+        inserts(edges_of(model), using).insert_columns(
+            ["item_id", "parent_id"], [children, parents]
+        )
 
 
 def read_back_pks(model: type[QueueItem], using: str, items: list[QueueItem]) -> None:
