@@ -460,6 +460,7 @@ def test_parts_nest_and_items_come_in_the_order_written(db):
     ).enqueue()
     assert [i.queue for i in flow.items] == ["resize", "a", "a2", "b", "publish", "notify"]
     resize, a, a2, b, publish, notify = flow.items
+    assert not resize.dependencies().exists() and stored(resize).status == Status.READY
     assert set(a.dependencies()) == {stored(resize)}
     assert set(b.dependencies()) == {stored(resize)}
     assert set(a2.dependencies()) == {stored(a)}
