@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -22,7 +23,8 @@ from tests.helpers import ROOT, child_pids, kill_tree, wait_for
 
 # A child: writes a file named by its pid when up, and one per signal it gets,
 # "<pid>.<SIGNAL>.<n>". It exits 0 on a signal; "stubborn" only on the second one;
-# "burst" at once.
+# "burst" at once; "hung-once" the first one started exits 75, as one that stopped a hung
+# handler does.
 CHILD = r"""
 import os, signal, sys, time
 from pathlib import Path
@@ -39,6 +41,9 @@ for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     if signal.getsignal(signum) is not signal.SIG_IGN:
         signal.signal(signum, on_signal)
 (here / str(os.getpid())).touch()
+if mode == "hung-once" and not (here / "hung").exists():
+    (here / "hung").touch()
+    sys.exit(75)
 while mode != "burst":
     time.sleep(0.05)
 """
@@ -51,6 +56,15 @@ from django_txqueue.consumer.supervisor import Supervisor
 child = [sys.executable, "-c", sys.argv[2], sys.argv[3], sys.argv[4]]
 sys.exit(Supervisor(child, int(sys.argv[5])).run())
 """
+
+
+SUPERVISED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def signals_got(here, pid):
+    """The signals child ``pid`` (a CHILD in ``here``) got, in order, by name."""
+    found = [p.name.split(".") for p in here.glob(f"{pid}.*")]
+    return [name for _, name, _ in sorted(found, key=lambda parts: int(parts[2]))]
 
 
 class Supervised:
@@ -82,9 +96,7 @@ class Supervised:
         return sorted(int(path.name) for path in self.here.iterdir() if path.name.isdigit())
 
     def got(self, pid):
-        """The signals child ``pid`` got, in order, by name."""
-        found = [p.name.split(".") for p in self.here.glob(f"{pid}.*")]
-        return [name for _, name, _ in sorted(found, key=lambda parts: int(parts[2]))]
+        return signals_got(self.here, pid)
 
     def children(self):
         return sorted(child_pids(self.process.pid))
@@ -204,7 +216,7 @@ class TestRestart:
 
     def test_no_restart_once_told_to_stop(self, pauses):
         watched = Supervisor(exits_with(1), 1)
-        watched.signals = 1
+        watched.received.append(signal.SIGTERM)
         assert watched.check(*self.finished(exits_with(1))) is None
         assert pauses == []
 
@@ -212,7 +224,7 @@ class TestRestart:
         watched = Supervisor(exits_with(1), 1)
 
         def signalled(seconds):
-            watched.signals += 1  # SIGTERM arrived while it waited
+            watched.received.append(signal.SIGTERM)  # it arrived while it waited
 
         monkeypatch.setattr(
             supervisor, "time", SimpleNamespace(monotonic=time.monotonic, sleep=signalled)
@@ -289,3 +301,32 @@ class TestRun:
         assert [running.got(pid) for pid in pids] == [[], []]
         running.process.send_signal(signal.SIGTERM)
         assert running.exit_code() == 0, running.output()
+
+    def test_a_child_started_as_a_signal_arrives_gets_it_too(self, tmp_path, monkeypatch):
+        """A child that stopped a hung handler exits 75 and is replaced; SIGTERM reaches the
+        supervisor as the replacement starts, before the supervisor holds it among its
+        children: the replacement is stopped too, and the supervisor ends."""
+        watched = Supervisor([sys.executable, "-c", CHILD, str(tmp_path), "hung-once"], 1)
+        spawn, started = watched.spawn, []
+
+        def spawn_as_sigterm_arrives():
+            started.append(spawn())
+            if len(started) == 2:
+                watched.on_signal(signal.SIGTERM, None)
+            return started[-1]
+
+        monkeypatch.setattr(watched, "spawn", spawn_as_sigterm_arrives)
+        handlers = {signum: signal.getsignal(signum) for signum in SUPERVISED_SIGNALS}
+        # Were it missed, the replacement would run on: killed after a while, run() ends.
+        killer = threading.Timer(20, lambda: started[-1][0].kill())
+        killer.start()
+        try:
+            assert watched.run() == 0
+        finally:
+            killer.cancel()
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+        replacement = started[1][0]
+        # Stopped by SIGTERM: by its handler, or before Python had installed it (not SIGKILL).
+        stopped = (replacement.returncode, signals_got(tmp_path, replacement.pid))
+        assert stopped in ((0, ["SIGTERM"]), (-signal.SIGTERM, []))

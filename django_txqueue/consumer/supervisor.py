@@ -5,9 +5,10 @@ dying young, so a crash loop cannot spin); one that recycled (``--max-items``, `
 ``--max-age``: it exits 0 having said so through a pipe, ``recycling.RECYCLE_FD``) at once, as
 is one that stopped a handler past its queue's TIMEOUT (it exits ``ItemTimeout.EXIT_CODE``).
 SIGTERM/SIGINT are passed on to every child, which stops gracefully; a second signal is passed
-on too, stopping them at once. Children run in their own sessions, so a terminal's Ctrl-C
-reaches them only through the supervisor, once (twice would stop them at once); SIGHUP is
-passed on too, unless ignored.
+on too, stopping them at once. The loop passes them on, not the signal handler, so a child
+started as a signal arrived (replacing one that had just exited) gets it as well. Children
+run in their own sessions, so a terminal's Ctrl-C reaches them only through the supervisor,
+once (twice would stop them at once); SIGHUP is passed on too, unless ignored.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class Supervisor:
         self.argv = argv
         self.processes = processes
         self.children: list[tuple[subprocess.Popen[bytes], float]] = []
-        self.signals = 0
+        self.received: list[int] = []  # the signals to pass on, in order
+        self.passed_on: dict[int, int] = {}  # each child's pid: how many of them it was sent
         self.restart_pause = 0.0
         self.recycles = 0
         # Each running child's end of the pipe it says it recycled through.
@@ -51,7 +53,16 @@ class Supervisor:
             time.sleep(0.2)
             checked = [self.check(child, born) for child, born in self.children]
             self.children = [entry for entry in checked if entry is not None]
+            self.pass_on_signals()
         return 0
+
+    def pass_on_signals(self) -> None:
+        """Send each running child the signals received that it has not been sent yet."""
+        for child, _ in self.children:
+            for signum in self.received[self.passed_on.get(child.pid, 0) :]:
+                if child.poll() is None:
+                    child.send_signal(signum)
+            self.passed_on[child.pid] = len(self.received)
 
     def spawn(self) -> tuple[subprocess.Popen[bytes], float]:
         read_end, write_end = os.pipe()
@@ -92,11 +103,12 @@ class Supervisor:
         if code is None:
             return child, born
         reason = self.recycled(child.pid)
-        if code == 0 and reason and not self.signals:
+        self.passed_on.pop(child.pid, None)
+        if code == 0 and reason and not self.received:
             self.recycles += 1
             logger.info("consumer process %d recycled (%s); starting another", child.pid, reason)
             return self.spawn()
-        if self.signals or code == 0:
+        if self.received or code == 0:
             return None  # stopping, or a --burst run that drained its queues
         if code == ItemTimeout.EXIT_CODE:  # it stopped a hung handler: its thread is lost
             logger.warning(
@@ -116,15 +128,13 @@ class Supervisor:
             self.restart_pause,
         )
         time.sleep(self.restart_pause)
-        if self.signals:
-            return None  # told to stop during the pause: a child started now would miss it
+        if self.received:
+            return None  # told to stop during the pause: none is started to be stopped
         return self.spawn()
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.signals += 1
-        for child, _ in self.children:
-            if child.poll() is None:
-                child.send_signal(signum)
+        # Only noted here: run()'s loop passes it on, to the children it holds by then.
+        self.received.append(signum)
 
 
 def child_argv(argv: list[str] | None = None) -> list[str]:
