@@ -205,6 +205,37 @@ def test_a_key_claim_read_later_than_max_lag_after_it_takes_nothing(queue):
 
 
 @pytest.mark.django_db
+def test_a_key_claim_that_gave_its_items_back_is_held_not_idle(queue, settings, monkeypatch):
+    """Its budgets read too late, a claim takes nothing and spends no key: the consumer
+    claims again soon (the queue is held back, not idle), so that a burst run does not
+    stop with the items READY."""
+    limited(queue, settings, RATE_LIMIT_PER_KEY="2/m")
+    queue.enqueue_many([{"n": n} for n in range(3)], key="alice")
+    monkeypatch.setattr(rates, "MAX_LAG", -1.0)  # every read later than that
+    assert queue.claim(10, pid="a", lease=LONG) == []
+    assert 0 < queue.claims.held_until <= time.monotonic()
+    waiting = QueueItem.objects.filter(queue=queue.name, status=Status.READY)
+    assert list(waiting.values_list("attempts", flat=True)) == [0, 0, 0]
+    monkeypatch.undo()
+    assert len(queue.claim(10, pid="a", lease=LONG)) == 2
+
+
+@pytest.mark.django_db
+def test_a_key_spent_when_a_claim_ran_has_room_at_once_not_none(queue):
+    """A claim passed a spent key over; its budget has room by the time the claim asks
+    when: room now (0 s), not "no key spent", which would make the queue idle."""
+    QueueRate.objects.create(
+        queue=queue.name,
+        per_key=True,
+        key="k",
+        full_until=timezone.now() - timedelta(seconds=0.5),
+    )
+    assert rates.seconds_to_room(QueueRate, queue.name, "default") is None
+    sent = time.monotonic() - 2  # the claim ran 2 s ago, the key then spent
+    assert rates.seconds_to_room(QueueRate, queue.name, "default", claimed=sent) == 0.0
+
+
+@pytest.mark.django_db
 def test_a_queue_and_its_keys_are_limited_together(queue, settings):
     limited(queue, settings, RATE_LIMIT="3/m", RATE_LIMIT_PER_KEY="2/m")
     queue.enqueue_many([{"n": n} for n in range(3)], key="alice")

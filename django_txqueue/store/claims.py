@@ -227,13 +227,17 @@ def _claim_limited(
             limit = min(limit, limits.cap - running)
         claimed = time.monotonic()
         items = claim(statement(limit), **options) if limit > 0 else []
+        taken = len(items)
         if limits.per_key is not None and items:
             items, budgets = _within_key_budgets(
                 items, queue, limits.per_key, rates_model, alias, claimed
             )
             rates.record(rates_model, budgets, alias)
     if limits.per_key is not None and not items and limit > 0:
-        return items, rates.seconds_to_room(rates_model, queue, alias)
+        room = rates.seconds_to_room(rates_model, queue, alias, claimed=claimed)
+        # Items given back are due: a read too late took none, though no key is spent.
+        # Never "no key held back" then, or a burst run would stop with them READY.
+        return items, 0.0 if room is None and taken else room
     return items, None
 
 

@@ -207,15 +207,20 @@ def write_claims(
     rows.update(claims=kept(budget.claims), full_until=full_until)
 
 
-def seconds_to_room(rates: type[Model], queue: str, using: str) -> float | None:
+def seconds_to_room(
+    rates: type[Model], queue: str, using: str, *, claimed: float | None = None
+) -> float | None:
     """Seconds until the first of ``queue``'s keys whose budget is spent has room again
-    (None: no key's is spent)."""
+    (None: no key's is spent), or was spent when a claim sent at ``claimed``
+    (time.monotonic()) ran: 0 for one that has room since, whose items that claim passed
+    over."""
+    lag = timedelta(seconds=0 if claimed is None else time.monotonic() - claimed)
     rows = rates._default_manager.using(using).filter(
-        queue=queue, per_key=True, full_until__gt=Now()
+        queue=queue, per_key=True, full_until__gt=Now() - lag
     )
     room = rows.annotate(database_now=Now()).order_by("full_until")
     first = room.values_list("full_until", "database_now").first()
-    return None if first is None else (first[0] - first[1]).total_seconds()
+    return None if first is None else max((first[0] - first[1]).total_seconds(), 0.0)
 
 
 def used(rates: type[Model], queue: str, rate: Rate, using: str) -> int:
