@@ -4,10 +4,10 @@ import logging
 import time
 
 import pytest
-from django.db import connections
+from django.db import OperationalError, connections
 from django.db.backends.signals import connection_created
 
-from django_txqueue import Queue, Status, signals
+from django_txqueue import Queue, Status, signals, store
 from django_txqueue.consumer.wakeup import ADDRESS_CACHE_SECONDS
 from django_txqueue.consumer.worker import Progress
 from django_txqueue.models import Consumer, QueueItem
@@ -210,6 +210,31 @@ class TestLostConnection:
         assert "read-only transaction" in caplog.text
         assert Queue("echo").count(status=Status.DONE) == 3
         assert set(QueueItem.objects.values_list("attempts", flat=True)) == {1}
+
+    def test_a_consumer_is_made_without_asking_its_database_what_it_supports(
+        self, monkeypatch, caplog
+    ):
+        """Django 5.2's MySQL backend connects to learn whether the server has SKIP LOCKED:
+        asked as the consumer is made, a database down then was a traceback, not a wait.
+        It is asked on the first turn, where a database error is one to wait out."""
+        Queue("echo").enqueue_many([{}] * 3)
+        asked = []
+
+        def rides_with_claims(strategy, alias):
+            asked.append(alias)
+            if len(asked) == 1:
+                raise OperationalError('(2002, "Can\'t connect to server")')
+            return real(strategy, alias)
+
+        real = store.rides_with_claims
+        monkeypatch.setattr(store, "rides_with_claims", rides_with_claims)
+        worker = worker_for("echo", burst=True)
+        assert asked == []
+        with caplog.at_level(logging.WARNING, logger="django_txqueue.consumer.worker"):
+            assert worker.run() == 0
+        assert asked == ["default", "default"]
+        assert "database error, retrying in 0.5 s" in caplog.text
+        assert Queue("echo").count(status=Status.DONE) == 3
 
 
 class TestWakeup:

@@ -16,6 +16,8 @@ transaction) is released: READY again at once, no attempt counted.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from .. import signals, store
@@ -50,7 +52,9 @@ def acknowledgement(token: int, group: list[Outcome]) -> store.Ack:
 class Settler:
     """Settles one database's outcomes; with a ``rotation`` and its ``claimer``, claims
     there too, up to ``batch`` items a turn, one claim's successes riding with the claim
-    where ``rides`` (the database acknowledges while claiming)."""
+    where ``rides`` (the database acknowledges while claiming; a function that asks it is
+    asked on the first settle, not as the consumer starts: the database may be down then,
+    and Django's MySQL backend connects to learn what the server supports)."""
 
     def __init__(
         self,
@@ -59,13 +63,13 @@ class Settler:
         rotation: Rotation | None = None,
         claimer: Claimer | None = None,
         batch: int = 1,
-        rides: bool = False,
+        rides: bool | Callable[[], bool] = False,
     ) -> None:
         self.using = using
         self.rotation = rotation
         self.claimer = claimer
         self.batch = batch
-        self.rides = rides
+        self._rides = rides
         self.unsettled: list[Outcome] = []
         # Settled, not yet returned: a later step of the same call raised.
         self.settled: list[Outcome] = []
@@ -78,6 +82,10 @@ class Settler:
         # At most this many items per claim, whatever the room (a recycling consumer's
         # claims left, ``recycling``); None: no cap.
         self.claim_cap: int | None = None
+
+    @cached_property
+    def rides(self) -> bool:
+        return self._rides() if callable(self._rides) else self._rides
 
     def settle(self, arrived: list[Outcome]) -> list[Outcome]:
         """Write what ``arrived`` (and what an earlier call could not write) came to;

@@ -205,7 +205,7 @@ class Worker:
             rotation=rotation,
             claimer=claimer,
             batch=self.batch,
-            rides=store.rides_with_claims(self.strategy, alias),
+            rides=partial(store.rides_with_claims, self.strategy, alias),
         )
         return Station(alias, rotation, settler)
 
