@@ -8,11 +8,11 @@ import sys
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.loader import MigrationLoader
 
-from django_txqueue.models import QueueItem
+from django_txqueue.models import QueueDependency, QueueItem
 from tests.helpers import ROOT
 
 # Run in a child process with tests.core_settings: Django makes a fresh test database of
@@ -22,7 +22,7 @@ FRESH_DATABASE = """
 import json, django
 django.setup()
 from django.apps import apps
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
 try:
     tables = connection.introspection.table_names()
@@ -103,6 +103,34 @@ def test_0016_gives_each_item_flagged_as_waited_for_the_number_of_its_edges():
             )
         )
         assert counts == {parent.pk: 2, plain.pk: 0}
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0021_keeps_every_edge_keyed_by_its_pair():
+    serial, keyed = (
+        ("django_txqueue", "0020_schedule"),
+        ("django_txqueue", "0021_dependency_composite_key"),
+    )
+    executor = MigrationExecutor(connection)
+    executor.migrate([serial])
+    try:
+        old = executor.loader.project_state([serial]).apps
+        items = old.get_model("django_txqueue", "QueueItem")
+        edges = old.get_model("django_txqueue", "QueueDependency")
+        parents = [items.objects.create(queue="q", payload={}) for _ in range(2)]
+        child = items.objects.create(queue="q", payload={}, status=6, waiting_for=2)
+        for parent in parents:
+            edges.objects.create(item_id=child.pk, parent_id=parent.pk)
+        executor = MigrationExecutor(connection)  # the graph as the database has it now
+        executor.migrate([keyed])
+        kept = QueueDependency.objects.filter(item_id=child.pk)
+        assert sorted(kept.values_list("parent_id", flat=True)) == [p.pk for p in parents]
+        assert kept.get(parent_id=parents[0].pk).pk == (parents[0].pk, child.pk)
+        with pytest.raises(IntegrityError), transaction.atomic():  # the pair is the key
+            QueueDependency.objects.create(item_id=child.pk, parent_id=parents[0].pk)
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes())

@@ -68,7 +68,8 @@ class Inserts(Generic[M]):
             (name, field, name in self.null, isinstance(field, PLAIN_TYPES))
             for name, field in self.fields.items()
         ]
-        self.auto_pk = self.pk.attname not in self.fields
+        # A composite primary key (no column of its own) is its fields' values.
+        self.auto_pk = self.pk.column is not None and self.pk.attname not in self.fields
         self.dialect = dialect(connections[alias])
         self._statements: dict[tuple[Shape, int], tuple[str, str, str]] = {}
         self._bulk: dict[tuple[Shape, tuple[str, ...]], tuple[str, bool]] = {}
