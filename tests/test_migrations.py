@@ -1,6 +1,7 @@
 """The migrations: in step with the models, and the queue app's alone create no table of
 its optional apps (the chaos tool's table moved to ``django_txqueue.contrib.chaos``)."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -22,7 +23,7 @@ FRESH_DATABASE = """
 import json, django
 django.setup()
 from django.apps import apps
-from django.db import IntegrityError, connection, transaction
+from django.db import connection
 connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
 try:
     tables = connection.introspection.table_names()
@@ -81,13 +82,27 @@ def test_a_project_with_the_queue_app_alone_gets_no_tool_table():
     assert tables - {"django_migrations"} <= set(found["owned"])
 
 
+@contextlib.contextmanager
+def migrated_back_to(node):
+    """The database migrated back to ``node``: its models as they were then; migrated to
+    the latest again after."""
+    executor = MigrationExecutor(connection)
+    executor.migrate([node])
+    try:
+        yield executor.loader.project_state([node]).apps
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def migrate_to(node):
+    MigrationExecutor(connection).migrate([node])  # the graph as the database has it now
+
+
 @pytest.mark.django_db(transaction=True)
 def test_0016_gives_each_item_flagged_as_waited_for_the_number_of_its_edges():
     flagged, latest = ("django_txqueue", "0015_flows"), ("django_txqueue", "0016_dependent_count")
-    executor = MigrationExecutor(connection)
-    executor.migrate([flagged])
-    try:
-        old = executor.loader.project_state([flagged]).apps
+    with migrated_back_to(flagged) as old:
         items = old.get_model("django_txqueue", "QueueItem")
         edges = old.get_model("django_txqueue", "QueueDependency")
         parent = items.objects.create(queue="q", payload={}, has_dependents=True)
@@ -95,17 +110,13 @@ def test_0016_gives_each_item_flagged_as_waited_for_the_number_of_its_edges():
         for _ in range(2):
             child = items.objects.create(queue="q", payload={}, status=6, waiting_for=1)
             edges.objects.create(item_id=child.pk, parent_id=parent.pk)
-        executor = MigrationExecutor(connection)  # the graph as the database has it now
-        executor.migrate([latest])
+        migrate_to(latest)
         counts = dict(
             QueueItem.objects.filter(pk__in=[parent.pk, plain.pk]).values_list(
                 "pk", "dependent_count"
             )
         )
         assert counts == {parent.pk: 2, plain.pk: 0}
-    finally:
-        executor = MigrationExecutor(connection)
-        executor.migrate(executor.loader.graph.leaf_nodes())
 
 
 @pytest.mark.django_db(transaction=True)
@@ -114,23 +125,16 @@ def test_0021_keeps_every_edge_keyed_by_its_pair():
         ("django_txqueue", "0020_schedule"),
         ("django_txqueue", "0021_dependency_composite_key"),
     )
-    executor = MigrationExecutor(connection)
-    executor.migrate([serial])
-    try:
-        old = executor.loader.project_state([serial]).apps
+    with migrated_back_to(serial) as old:
         items = old.get_model("django_txqueue", "QueueItem")
         edges = old.get_model("django_txqueue", "QueueDependency")
         parents = [items.objects.create(queue="q", payload={}) for _ in range(2)]
         child = items.objects.create(queue="q", payload={}, status=6, waiting_for=2)
         for parent in parents:
             edges.objects.create(item_id=child.pk, parent_id=parent.pk)
-        executor = MigrationExecutor(connection)  # the graph as the database has it now
-        executor.migrate([keyed])
+        migrate_to(keyed)
         kept = QueueDependency.objects.filter(item_id=child.pk)
         assert sorted(kept.values_list("parent_id", flat=True)) == [p.pk for p in parents]
         assert kept.get(parent_id=parents[0].pk).pk == (parents[0].pk, child.pk)
         with pytest.raises(IntegrityError), transaction.atomic():  # the pair is the key
             QueueDependency.objects.create(item_id=child.pk, parent_id=parents[0].pk)
-    finally:
-        executor = MigrationExecutor(connection)
-        executor.migrate(executor.loader.graph.leaf_nodes())

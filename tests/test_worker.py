@@ -218,7 +218,7 @@ class TestLostConnection:
         asked as the consumer is made, a database down then was a traceback, not a wait.
         It is asked on the first turn, where a database error is one to wait out."""
         Queue("echo").enqueue_many([{}] * 3)
-        asked = []
+        asked, real = [], store.rides_with_claims
 
         def rides_with_claims(strategy, alias):
             asked.append(alias)
@@ -226,7 +226,6 @@ class TestLostConnection:
                 raise OperationalError('(2002, "Can\'t connect to server")')
             return real(strategy, alias)
 
-        real = store.rides_with_claims
         monkeypatch.setattr(store, "rides_with_claims", rides_with_claims)
         worker = worker_for("echo", burst=True)
         assert asked == []
