@@ -10,6 +10,7 @@ per run of steps alike, then the edges), and returns the ``Flow``.
 from __future__ import annotations
 
 import functools
+import itertools
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -69,7 +70,8 @@ class Part:
         wait for nothing) and the edges between them. ``using``: the database (by
         default the first step's queue's); every step's queue must live there."""
         steps = self.steps()
-        if len(set(map(id, steps))) != len(steps):
+        index = {id(s): n for n, s in enumerate(steps)}
+        if len(index) != len(steps):
             raise ValueError("a step appears twice in this flow; make a new step() for each")
         # Lists only for the steps that wait: a group's thousand others need none (each
         # container made here is one more for the garbage collector to walk).
@@ -84,17 +86,16 @@ class Part:
                 "a flow lives on one database (pass using=, or place the queues together)"
             )
         payloads = checked_payloads(steps)
-        index = {id(s): n for n, s in enumerate(steps)}
-        parents: list[Sequence[int]] = [
-            [index[id(p)] for p in waits[id(s)]] if id(s) in waits else () for s in steps
-        ]
-        dependents = Counter(parent for waits_for in parents for parent in waits_for)
+        parents: list[Sequence[int]] = [()] * len(steps)
+        for waiter, waited in waits.items():
+            parents[index[waiter]] = [index[id(p)] for p in waited]
+        dependents = Counter(itertools.chain.from_iterable(parents)).get
         flow = uuid.uuid4()
         # Steps alike but for their payload (their checked fields shared, ``step_fields``)
         # become rows alike, written by one INSERT: one run of indices each.
         alike: dict[tuple[int, int, int], list[int]] = {}
-        for n, s in enumerate(steps):
-            alike.setdefault((id(s.fields), len(parents[n]), dependents[n]), []).append(n)
+        for n, (s, waits_for) in enumerate(zip(steps, parents, strict=True)):
+            alike.setdefault((id(s.fields), len(waits_for), dependents(n, 0)), []).append(n)
         trace_context = tracing.current_context()  # the enqueue's, as enqueue() takes it
         runs = [
             (steps[run[0]].values(flow, waiting_for, count, trace_context), run)
@@ -119,11 +120,14 @@ class Step(Part):
     """One item to be: ``queue``, ``payload`` and ``enqueue``'s options."""
 
     def __init__(self, queue: str, payload: Any = None, **options: Any) -> None:
+        self.queue, self.payload = queue, payload
+        if not options:  # most steps: nothing to check but the queue's own fields
+            self.fields = step_fields(queue, ())
+            return
         if "after" in options:
             raise TypeError("a step waits for the parts before it in its flow, not after=")
         if options.get("dedup_key") is not None:
             raise ValueError("dedup_key names one item; enqueue such items one at a time")
-        self.queue, self.payload = queue, payload
         # Bad options refused now, by the builder; the payloads are checked by the
         # enqueue, all at once (``checked_payloads``).
         given = tuple(options.items())
