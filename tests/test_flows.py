@@ -357,6 +357,18 @@ def test_a_fair_queues_item_released_takes_its_round(queue):
     assert Queue("fair").claim(1, pid="me")[0].pk == child.pk
 
 
+def test_a_fair_groups_steps_and_then_take_rounds_one_after_another(db):
+    """A fair queue's items take rounds in enqueue order, a flow's then after its steps."""
+    Queue("fair").enqueue({}, key="t")
+    flow = group(
+        step("fair", {"n": 1}, key="t"),
+        step("fair", {"n": 2}, key="t"),
+        then=step("fair", key="t"),
+    ).enqueue()
+    first = QueueItem.objects.get(queue="fair", flow=None).round
+    assert [stored(item).round for item in flow.items] == [first + 1, first + 2, first + 3]
+
+
 def test_an_ordered_queues_items_run_in_key_order_once_released(queue):
     """ "ordered" is ORDERED: one item per key at a time, in enqueue order; a released
     item waits behind its key's earlier one."""
