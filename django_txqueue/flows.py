@@ -89,13 +89,13 @@ class Part:
         parents: list[Sequence[int]] = [()] * len(steps)
         for waiter, waited in waits.items():
             parents[index[waiter]] = [index[id(p)] for p in waited]
-        dependents = Counter(itertools.chain.from_iterable(parents)).get
+        dependents = Counter(itertools.chain.from_iterable(parents))
         flow = uuid.uuid4()
         # Steps alike but for their payload (their checked fields shared, ``step_fields``)
         # become rows alike, written by one INSERT: one run of indices each.
         alike: dict[tuple[int, int, int], list[int]] = {}
         for n, (s, waits_for) in enumerate(zip(steps, parents, strict=True)):
-            alike.setdefault((id(s.fields), len(waits_for), dependents(n, 0)), []).append(n)
+            alike.setdefault((id(s.fields), len(waits_for), dependents.get(n, 0)), []).append(n)
         trace_context = tracing.current_context()  # the enqueue's, as enqueue() takes it
         runs = [
             (steps[run[0]].values(flow, waiting_for, count, trace_context), run)
