@@ -10,11 +10,13 @@ import logging
 import threading
 
 import pytest
-from django.db import connections
+from django.core.management import call_command
+from django.db import connection, connections
 
-from django_txqueue.consumer.readiness import missing_tables, wait_for_database
+from django_txqueue.consumer.readiness import NotMigrated, missing_tables, wait_for_database
 from django_txqueue.models import QueueItem
 from django_txqueue.observe.logs import one_line
+from tests.helpers import lose_connection
 
 
 @pytest.fixture
@@ -81,14 +83,56 @@ def test_an_unreachable_database_is_tried_with_growing_pauses_until_stopped(sqli
     ]
 
 
+def mount_and_migrate(alias, volume):
+    volume.mkdir()
+    call_command("migrate", database=alias, verbosity=0)
+    connections[alias].close()
+
+
 def test_a_database_that_comes_up_ends_the_wait_and_says_so(sqlite_alias, tmp_path, caplog):
-    stopping = Stopping(then=lambda n: n == 1 and (tmp_path / "volume").mkdir())
+    volume = tmp_path / "volume"
+    stopping = Stopping(then=lambda n: n == 1 and mount_and_migrate(sqlite_alias, volume))
     with caplog.at_level(logging.INFO, logger="django_txqueue.consumer.readiness"):
         assert wait_for_database(sqlite_alias, stopping) is True
     assert len(stopping.pauses) == 2
     assert len(warnings(caplog)) == 2
     assert caplog.records[-1].getMessage() == "database 'startup' is available"
     assert connections[sqlite_alias].connection is None  # its own connection, closed after
+
+
+def test_a_server_lost_just_after_it_answered_is_waited_for_again(transactional_db, caplog):
+    """A restart's shutdown can drop the connection between the ``SELECT 1`` and the read of
+    the app's tables (a consumer that started then exited with a traceback): the tables are
+    read in the wait, and a loss there is one more failed try."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no server to lose")
+    connection.ensure_connection()  # open before the wait, as something may have left it
+    lost = []
+
+    def drop_before_the_tables_are_read(execute, sql, params, many, context):
+        if not lost and ("pg_class" in sql or "information_schema.tables" in sql):
+            lost.append(sql)
+            lose_connection()
+        return execute(sql, params, many, context)
+
+    stopping = Stopping()
+    with (
+        connection.execute_wrapper(drop_before_the_tables_are_read),
+        caplog.at_level(logging.INFO, logger="django_txqueue.consumer.readiness"),
+    ):
+        assert wait_for_database("default", stopping) is True
+    assert len(lost) == 1 and len(stopping.pauses) == 1
+    [warning] = warnings(caplog)
+    assert warning.startswith("database 'default' unavailable at start-up, retrying in 0.5 s: ")
+    assert caplog.records[-1].getMessage() == "database 'default' is available"
+
+
+def test_a_database_that_answers_without_the_tables_is_not_waited_for(sqlite_alias, tmp_path):
+    (tmp_path / "volume").mkdir()
+    stopping = Stopping()
+    with pytest.raises(NotMigrated, match="run `python manage.py migrate --database startup`"):
+        wait_for_database(sqlite_alias, stopping)
+    assert stopping.pauses == []
 
 
 def test_a_consumer_stopped_before_it_starts_tries_nothing(sqlite_alias, caplog):

@@ -2,7 +2,7 @@
 heartbeating, has a queue's oldest due item waited too long. ``txqueue_health`` (exit
 status and one line) and the JSON view (``django_txqueue.urls``) both run these.
 
-Each check is a few indexed reads: the database's ``SELECT 1``, the ``Consumer`` rows of
+Each check is a few indexed reads: the database's list of tables, the ``Consumer`` rows of
 one host, and the oldest due item per queue from the READY index (the dashboard's read;
 never a COUNT). Times are the database's clock, as everywhere else.
 """
@@ -24,7 +24,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from ..api import items_database, queue_databases
-from ..consumer.readiness import missing_tables, unreachable
+from ..consumer import readiness
 from ..models import Consumer, QueueItem, QueuePause
 from . import reads
 from .logs import counted, one_line
@@ -46,11 +46,11 @@ def check_databases(aliases: Sequence[str], *, secret: bool = False) -> list[Che
     (which may name a host or a user) stays out of the detail."""
     checks = []
     for alias in aliases:
-        why = unreachable(alias)
-        if why is None and (missing := missing_tables(alias)):
-            why = f"not migrated ({len(missing)} tables missing)"
-        elif why is not None:
+        why, missing = readiness.probe(alias)
+        if why is not None:
             why = "unreachable" if secret else f"unreachable: {why}"
+        elif missing:
+            why = f"not migrated ({len(missing)} tables missing)"
         detail = f"database {alias!r} {why or 'reachable'}"
         checks.append(Check("database", why is None, detail, {"database": alias}))
     return checks

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf
 from ...consumer import registry
-from ...consumer.readiness import missing_tables, wait_for_database
+from ...consumer.readiness import NotMigrated, wait_for_database
 from ...consumer.recycling import Recycling, tell_supervisor
 from ...consumer.supervisor import Supervisor, child_argv
 from ...consumer.worker import BURST_WAIT, Progress, Worker
@@ -262,20 +262,16 @@ class Command(BaseCommand):
         a ``--burst`` run's, an error), then check that it is migrated and run the system
         checks, raising what they find."""
         for using in aliases:
-            if not wait_for_database(using, stopping, within=burst_wait):
+            try:
+                answered = wait_for_database(using, stopping, within=burst_wait)
+            except NotMigrated as exc:
+                raise CommandError(str(exc)) from exc
+            if not answered:
                 if stopping.is_set():
                     return False
                 raise CommandError(
                     f"Database {using!r} did not answer for {burst_wait:g} s (--burst-wait): "
                     "a --burst run gives up."
-                )
-            if missing := missing_tables(using):
-                migrate = "python manage.py migrate" + (
-                    "" if using == "default" else f" --database {using}"
-                )
-                tables = "table" if len(missing) == 1 else "tables"
-                raise CommandError(
-                    f"Database {using!r} has no {', '.join(missing)} {tables}: run `{migrate}`."
                 )
         if not skip_checks:
             self.check()
