@@ -9,7 +9,9 @@ are the Python costs alone (``time.process_time``, best of 5 runs):
 - ``enqueue()`` in ``transaction.atomic()`` beside the same single-row INSERT written by hand
   through Django's own cursor, in the same transaction handling;
 - an in-process consumer draining 10,000 items at batch 10 and 100: CPU per item, and the
-  statements its main thread sends per batch (counted with ``execute_wrapper``).
+  statements its main thread sends per batch (counted with ``execute_wrapper``), with its
+  handlers on the loop's own thread (as ``run_queue_consumer --concurrency 1`` runs them)
+  and on a handler thread (a ``Worker`` made in a project's own code).
 
 Uses its own database (``txqueue_bench_cpu``) or, on SQLite, a temp file.
 """
@@ -67,10 +69,11 @@ def enqueue_figures() -> tuple[float, float]:
     return best_cpu_per_item(by_hand, ENQUEUES), best_cpu_per_item(ours, ENQUEUES)
 
 
-def drain_figures(batch: int) -> tuple[float, float]:
+def drain_figures(batch: int, on_loop_thread: bool) -> tuple[float, float]:
     from django.db import connection
 
     from django_txqueue import Queue
+    from django_txqueue.consumer.stopping import StopSignals
     from django_txqueue.consumer.worker import Worker
     from django_txqueue.models import QueueItem
 
@@ -80,7 +83,12 @@ def drain_figures(batch: int) -> tuple[float, float]:
         QueueItem.objects.all().delete()
         for start in range(0, DRAINED, 5000):
             Queue("bench-cpu").enqueue_many([{"n": n} for n in range(start, start + 5000)])
-        worker = Worker(handlers={"bench-cpu": lambda item: None}, batch=batch, burst=True)
+        worker = Worker(
+            handlers={"bench-cpu": lambda item: None},
+            batch=batch,
+            burst=True,
+            signals=StopSignals() if on_loop_thread else None,
+        )
         statements.clear()
 
         def count(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
@@ -102,8 +110,12 @@ def main() -> None:
     print(f"{VENDOR}: CPU per item (µs, best of runs; lower is better)")
     print(f"  enqueue() in atomic(): {ours:.0f}, the same INSERT by hand: {by_hand:.0f}")
     for batch in (10, 100):
-        cpu, per_batch = drain_figures(batch)
-        print(f"  drain at batch {batch}: {cpu:.0f}, {per_batch:.2f} statements per batch")
+        for on_loop_thread, where in ((True, "the loop's thread"), (False, "a handler thread")):
+            cpu, per_batch = drain_figures(batch, on_loop_thread)
+            print(
+                f"  drain at batch {batch}, handlers on {where}: {cpu:.0f}, "
+                f"{per_batch:.2f} statements per batch"
+            )
 
 
 if __name__ == "__main__":

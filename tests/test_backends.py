@@ -824,9 +824,7 @@ def test_a_running_consumer_finds_new_task_queues_without_a_restart(
             workers.append(self)
 
     monkeypatch.setattr(run_queue_consumer, "Worker", RecordedWorker)
-    monkeypatch.setattr(
-        run_queue_consumer.Command, "install_signal_handlers", lambda self, *args: None
-    )
+    monkeypatch.setattr(run_queue_consumer.StopSignals, "install", lambda self, stop: None)
 
     def consume():
         try:

@@ -43,6 +43,11 @@ def started(item: QueueItem, timeout: float, now: float, grace: float = 0.0) -> 
     item.__dict__[THREAD] = threading.get_ident()
 
 
+def ended(item: QueueItem) -> None:
+    """Note on ``item`` that its handler has returned: never overdue after."""
+    item.__dict__.pop(STOP_AT, None)
+
+
 def overdue(held: Iterable[tuple[QueueItem, float | None]]) -> list[QueueItem]:
     """The ``held`` items whose handler has run past its deadline (and grace)."""
     now = time.monotonic()

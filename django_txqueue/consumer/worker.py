@@ -7,9 +7,12 @@ acknowledgement of a batch's successes riding with that claim where that saves a
 trip or a commit (PostgreSQL: one statement; MySQL, MariaDB and SQLite: one transaction); the
 claimed items go to the handler threads. Handlers run on ``concurrency`` threads, so the
 main thread stays free to enforce the shutdown timeout; with more than one, the next batch
-is claimed while one runs. The ``Housekeeping`` thread keeps the Consumer row, the leases
-and rescues. No SQL here, no argument parsing, no printing: the command does those and
-hears about progress through a callback and logging.
+is claimed while one runs. A consumer that is its process's own (``run_queue_consumer``,
+given its ``StopSignals``) runs them on the loop's thread at concurrency 1, watched by a
+``Watchdog`` (``stopping.py``) that enforces the limits meanwhile. The ``Housekeeping``
+thread keeps the Consumer row, the leases and rescues. No SQL here, no argument parsing,
+no printing: the command does those and hears about progress through a callback and
+logging.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from .housekeeping import Housekeeping
 from .recycling import Recycler, Recycling, kind
 from .rotation import Rotation
 from .settle import Settler
+from .stopping import StopSignals, Watchdog
 from .wakeup import Waiter
 
 logger = logging.getLogger(__name__)
@@ -108,6 +112,12 @@ class Worker:
     also runs the ``on_commit`` calls whose committing process did not (``outbox``).
     Making one opens nothing: ``run()`` opens its wake-up socket and threads, and closes
     them when it ends.
+
+    ``signals``, given by a process that runs this consumer and nothing else, are its stop
+    signals: at concurrency 1 the handlers then run on ``run()``'s own thread, and a
+    handler hung past its TIMEOUT, or past SHUTDOWN_TIMEOUT after a stop, ends the
+    process (``stopping.Watchdog``). Without, a hung handler holds a thread, never the
+    caller's.
     """
 
     def __init__(
@@ -125,6 +135,7 @@ class Worker:
         discover: Callable[[str], registry.Handler | None] | None = None,
         recycling: Recycling | None = None,
         burst_wait: float = BURST_WAIT,
+        signals: StopSignals | None = None,
     ) -> None:
         self.concurrency = concurrency
         self.batch = batch or concurrency
@@ -182,6 +193,9 @@ class Worker:
         # the one it gave up on.
         self.burst_wait = burst_wait
         self.gave_up: str | None = None
+        # Handlers on the loop's thread, watched (made by run()); None: on handler threads.
+        self.signals = signals
+        self.watchdog: Watchdog | None = None
 
     def _station(
         self,
@@ -239,6 +253,16 @@ class Worker:
         self.coroutines = EventLoop(
             self.concurrency, self._begin_coroutine, self._run_coroutine, self._report_ended
         )
+        if self.signals is not None and self.concurrency == 1:
+            self.watchdog = Watchdog(
+                due=self._overdue_handlers,
+                take_over=self._take_over,
+                stopping=self.stopping,
+                shutdown_timeout=self.shutdown_timeout,
+                signals=self.signals,
+            )
+            self._run_item = self.watchdog.watched(self._run_item)
+            self.watchdog.start()
         logger.info(
             "consumer %s started: queues %s, batch %d",
             self.identity,
@@ -256,9 +280,28 @@ class Worker:
             pass  # Ctrl-C where no signal handler was installed: stop gracefully
         finally:
             self._shut_down()
+            if self.watchdog is not None:
+                self.watchdog.close()
+        return self._exit_code()
+
+    def _exit_code(self) -> int:
         if self.timed_out is not None:
             return timeouts.ITEM_TIMEOUT_EXIT
         return 0 if self.gave_up is None else 1
+
+    def _overdue_handlers(self) -> bool:
+        """Whether a handler has run past its TIMEOUT (the watchdog's question)."""
+        return self._watching and bool(timeouts.overdue(self.in_flight.held()))
+
+    def _take_over(self, deadline: float | None) -> int:
+        """On the watchdog's thread, the loop's held in a handler for good: what the loop
+        would have done (a handler past its TIMEOUT stopped; the shutdown, by ``deadline``
+        if it has begun) and the exit code it would have returned."""
+        if self._watching and (overdue := timeouts.overdue(self.in_flight.held())):
+            self._stop_overdue(overdue)
+            deadline = None  # the shutdown a time limit begins: SHUTDOWN_TIMEOUT from now
+        self._shut_down(deadline)
+        return self._exit_code()
 
     def _recycling_done(self) -> bool:
         """Whether a recycling consumer has run every item it claimed: from the turn it
@@ -479,6 +522,9 @@ class Worker:
                 if len(coroutines) == len(items):
                     return
                 items = [item for item in items if choose(item) is None]
+        if self.watchdog is not None:  # on this thread: no hand-over, no thread switch
+            self._run_handlers(items)
+            return
         size = math.ceil(len(items) / self.threads.size)
         for start in range(0, len(items), size):
             self.threads.submit(items[start : start + size])
@@ -518,13 +564,15 @@ class Worker:
         outcomes, handlers, run = [], station.rotation.handlers, self._run_item
         limits = self._timeouts
         for item in items:
+            if self.stopping.is_set():  # the rest go back unstarted (``_shut_down``)
+                break
             if self.in_flight.start(item):  # False: released by a shutdown meanwhile
-                if (limit := limits.get(item.queue)) is not None:
+                if (limit := limits.get(item.queue)) is None:
+                    outcomes.append(run(handlers[item.queue], item))
+                else:
                     timeouts.started(item, limit, time.monotonic())
-                outcomes.append(run(handlers[item.queue], item))
-            if self.stopping.is_set() and outcomes:  # stopping: report each as it ends
-                self._report(station, outcomes)
-                outcomes = []
+                    outcomes.append(run(handlers[item.queue], item))
+                    timeouts.ended(item)  # not overdue while its outcome waits to be settled
         if outcomes:
             self._report(station, outcomes)  # the share at once: one acknowledgement
 
@@ -606,10 +654,12 @@ class Worker:
             return -1, True
         return total, exact
 
-    def _shut_down(self) -> None:
-        """Release unstarted items, let running ones finish, mark the Consumer stopped."""
+    def _shut_down(self, deadline: float | None = None) -> None:
+        """Release unstarted items, let running ones finish (by ``deadline``, monotonic;
+        None: SHUTDOWN_TIMEOUT from now), mark the Consumer stopped."""
         self.stopping.set()
-        deadline = time.monotonic() + self.shutdown_timeout
+        if deadline is None:
+            deadline = time.monotonic() + self.shutdown_timeout
         self.threads.close()
         try:
             for item in self.in_flight.take_unstarted():

@@ -20,6 +20,7 @@ from django_txqueue.contrib.chaos.verify import most_in_any_stretch
 from django_txqueue.models import Consumer, QueueRate
 from django_txqueue.store.rates import SHARED
 from tests.helpers import ROOT, child_env, child_pids, kill_tree, runs_per_item, wait_for
+from tests.testapp.models import Run
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -241,12 +242,14 @@ def test_a_hung_handler_under_two_processes_is_stopped_and_its_process_replaced(
     assert set(runs_per_item().values()) == {1}  # every item ran once, the hung one too
 
 
-def test_a_single_process_with_a_hung_handler_exits_75_with_nothing_lost(tmp_path):
+@pytest.mark.parametrize("concurrency", ["1", "2"])  # 1: the handler on the loop's thread
+def test_a_single_process_with_a_hung_handler_exits_75_with_nothing_lost(tmp_path, concurrency):
     hung, others = hung_and_others()
     limited = {"SHUTDOWN_TIMEOUT": 2, "QUEUES": {"slow": {"TIMEOUT": TIMEOUT}}}
     began = time.monotonic()
     code, log = finish(
-        start(tmp_path, "slow", "--concurrency", "2", "--burst", settings=limited), timeout=60
+        start(tmp_path, "slow", "--concurrency", concurrency, "--burst", settings=limited),
+        timeout=60,
     )
     assert code == ITEM_TIMEOUT_EXIT == 75, log
     assert time.monotonic() - began < 30
@@ -262,3 +265,95 @@ def test_a_single_process_with_a_hung_handler_exits_75_with_nothing_lost(tmp_pat
     assert code == 0, log
     assert rest.filter(status=Status.DONE).count() == 20
     assert set(runs_per_item().values()) == {1}
+
+
+# Past SHUTDOWN_TIMEOUT after a SIGTERM, a consumer exits 0 and leaves what still runs for
+# the rescue, its handler's thread (the loop's own, at --concurrency 1) still in the handler.
+STOPPED_WITHIN = 3.0  # seconds past SHUTDOWN_TIMEOUT: the watchdog's grace and its looks
+
+
+def stopped_with_one_running(tmp_path, queue, first, concurrency, shutdown_timeout):
+    """Start a consumer of ``queue`` holding ``first`` and 3 quick items in one claim,
+    SIGTERM it once ``first`` runs: its exit code, log, seconds to exit, and the quick
+    items."""
+    running = Queue(queue).enqueue(first)
+    quick = Queue(queue).enqueue_many([{"rows": 1, "seconds": 0}] * 3)
+    proc = start(
+        tmp_path, queue, "--concurrency", concurrency, "--batch", "4",
+        settings={"SHUTDOWN_TIMEOUT": shutdown_timeout},
+    )  # fmt: skip
+    ran = Run.objects.filter(item_id=running.pk)
+    assert wait_for(ran.exists, timeout=30), finish(proc, timeout=1)
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    code, log = finish(proc, timeout=60)
+    return running, quick, code, log, time.monotonic() - sent
+
+
+def assert_released_or_done(items):
+    rows = Queue(items[0].queue).items.filter(pk__in=[item.pk for item in items])
+    states = set(rows.values_list("status", "attempts"))
+    assert states <= {(Status.DONE, 1), (Status.READY, 0)}, states
+
+
+@pytest.mark.parametrize("concurrency", ["1", "2"])
+def test_sigterm_ends_a_consumer_whose_handler_runs_past_the_shutdown_timeout(
+    tmp_path, concurrency
+):
+    running, quick, code, log, took = stopped_with_one_running(
+        tmp_path, "slow", {"seconds": 3600}, concurrency, shutdown_timeout=1
+    )
+    assert code == 0, log
+    assert 1 <= took < 1 + STOPPED_WITHIN, log
+    assert "shutdown timeout: 1 item left IN_PROGRESS for rescue" in log, log
+    running.refresh_from_db()
+    assert running.status == Status.IN_PROGRESS  # the rescue's, once its lease runs out
+    assert Consumer.objects.get(identity=running.pid).stopped_at is not None
+    assert_released_or_done(quick)
+
+
+@pytest.mark.parametrize("concurrency", ["1", "2"])
+def test_sigterm_reaches_a_consumer_whose_handler_is_in_a_c_call(tmp_path, concurrency):
+    """Python's handler for the signal waits for the C call; at --concurrency 1 that is
+    the loop's thread, and the watchdog, hearing the signal too, takes it."""
+    running, quick, code, log, took = stopped_with_one_running(
+        tmp_path, "in-c", {}, concurrency, shutdown_timeout=1
+    )
+    assert code == 0, log
+    assert took < 1 + STOPPED_WITHIN, log
+    assert "shutdown timeout: 1 item left IN_PROGRESS for rescue" in log, log
+    taken = "signal 15 taken while a handler holds the main thread"
+    assert (taken in log) == (concurrency == "1"), log
+    assert_released_or_done(quick)
+
+
+def test_a_signal_taken_by_the_watchdog_is_not_counted_again_once_the_c_call_ends(tmp_path):
+    """The watchdog stops the consumer; Python's handler, run once the call returns, does
+    not take the same SIGTERM for a second one (which would end the process at once)."""
+    rows = 30_000_000  # a few seconds of SQLite's C code: past the watchdog's grace
+    running, quick, code, log, took = stopped_with_one_running(
+        tmp_path, "in-c", {"rows": rows}, "1", shutdown_timeout=60
+    )
+    assert code == 0, log
+    assert "signal 15 taken while a handler holds the main thread" in log, log
+    running.refresh_from_db()
+    assert (running.status, running.result) == (Status.DONE, rows)  # finished gracefully
+    assert_released_or_done(quick)
+
+
+def test_a_second_signal_ends_a_consumer_in_a_c_call_at_once(tmp_path):
+    """Both heard by the watchdog alone (Python's handler waits for the C call): the
+    second ends the process as it would any consumer, 128 + SIGTERM."""
+    running = Queue("in-c").enqueue({})
+    proc = start(tmp_path, "in-c", settings={"SHUTDOWN_TIMEOUT": 60})
+    ran = Run.objects.filter(item_id=running.pk)
+    assert wait_for(ran.exists, timeout=30), finish(proc, timeout=1)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)  # past the watchdog's grace: the first is taken, the consumer stopping
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    code, log = finish(proc, timeout=30)
+    assert code == 128 + signal.SIGTERM, log
+    assert time.monotonic() - sent < STOPPED_WITHIN, log
+    running.refresh_from_db()
+    assert running.status == Status.IN_PROGRESS  # left for the rescue

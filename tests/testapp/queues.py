@@ -1,6 +1,7 @@
 """Handlers for the consumer tests, autodiscovered like any app's queues.py."""
 
 import asyncio
+import sqlite3
 import time
 
 from django_txqueue import once
@@ -33,6 +34,23 @@ def slow(item):
     Run.objects.create(item_id=item.pk, consumer=item.pid)
     time.sleep(item.payload.get("seconds", 0.5) if isinstance(item.payload, dict) else 0.5)
     return "slept"
+
+
+@handler("in-c")
+def in_c(item):
+    """Records its run, then counts ``rows`` rows (default: for hours) in SQLite's C code:
+    a call that Python's signal handlers wait for, as for a driver's blocking query."""
+    Run.objects.create(item_id=item.pk, consumer=item.pid)
+    rows = item.payload.get("rows", 10**12) if isinstance(item.payload, dict) else 10**12
+    counter = sqlite3.connect(":memory:")
+    try:
+        return counter.execute(
+            "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n LIMIT ?) "
+            "SELECT count(*) FROM n",
+            (rows,),
+        ).fetchone()[0]
+    finally:
+        counter.close()
 
 
 @handler("noop")

@@ -86,6 +86,7 @@ def verify_exactly_once(
 
 
 def consume_with_worker(target: Target, batch: int, strategy: str, gate: Gate) -> tuple[int, str]:
+    from django_txqueue.consumer.stopping import StopSignals
     from django_txqueue.consumer.worker import Worker
 
     worker = Worker(
@@ -95,6 +96,7 @@ def consume_with_worker(target: Target, batch: int, strategy: str, gate: Gate) -
         batch=batch,
         strategy=strategy,
         burst=True,
+        signals=StopSignals(),  # the child is the consumer's own, as under the command
     )
     worker.run()
     return worker.processed, worker.identity

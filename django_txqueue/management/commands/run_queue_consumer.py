@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import signal
 import sys
 import threading
 from argparse import SUPPRESS
-from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -19,6 +15,7 @@ from ... import conf
 from ...consumer import registry
 from ...consumer.readiness import NotMigrated, wait_for_database
 from ...consumer.recycling import Recycling, tell_supervisor
+from ...consumer.stopping import StopSignals
 from ...consumer.supervisor import Supervisor, child_argv
 from ...consumer.worker import BURST_WAIT, Progress, Worker
 from ...observe import metrics
@@ -184,7 +181,7 @@ class Command(BaseCommand):
                 metrics.prometheus()
             except metrics.MetricsUnavailable as exc:
                 raise CommandError(f"--metrics-port: {exc}") from exc
-        worker = None
+        worker, signals = None, StopSignals()
         if options["processes"] == 1:
             worker = Worker(
                 handlers={name: known[name] for name in names},
@@ -199,10 +196,11 @@ class Command(BaseCommand):
                 on_progress=self.show_progress if options["verbosity"] >= 1 else None,
                 recycling=recycling(options),
                 burst_wait=options["burst_wait"],
+                signals=signals,
             )
         # Signals stop the wait for the database too (the supervisor installs its own after).
         stopping = threading.Event() if worker is None else worker.stopping
-        self.install_signal_handlers(stopping, stopping.set if worker is None else worker.stop)
+        signals.install(stopping.set if worker is None else worker.stop)
         burst_wait = options["burst_wait"] if options["burst"] else None
         ready = self.ready(
             list(placed), stopping, skip_checks=options["skip_checks"], burst_wait=burst_wait
@@ -276,20 +274,6 @@ class Command(BaseCommand):
         if not skip_checks:
             self.check()
         return True
-
-    def install_signal_handlers(self, stopping: threading.Event, stop: Callable[[], None]) -> None:
-        """First SIGTERM, SIGINT or SIGHUP: ``stop()`` (sets ``stopping``): gracefully, or
-        while waiting for the database. Second: stop at once, items left for rescue.
-        SIGHUP stays ignored where it was (nohup)."""
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            if stopping.is_set():
-                os._exit(128 + signum)
-            stop()
-
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            if signal.getsignal(signum) is not signal.SIG_IGN:
-                signal.signal(signum, on_signal)
 
     def show_progress(self, progress: Progress) -> None:
         line = (
