@@ -103,7 +103,11 @@ class Command(BaseCommand):
             f"(default {BURST_WAIT:g}), at start or later, instead of waiting for it forever.",
         )
         parser.add_argument(
-            "--concurrency", type=positive_int, default=1, help="Handler threads (default 1)."
+            "--concurrency",
+            type=positive_int,
+            default=1,
+            help="Handlers at once: threads, or coroutines for async ones (default 1: on "
+            "the consumer's own thread, watched).",
         )
         parser.add_argument(
             "--batch", type=positive_int, help="Items per claim (default: --concurrency)."
