@@ -2,7 +2,10 @@
 
 import asyncio
 import sqlite3
+import threading
 import time
+
+from django.db import connection
 
 from django_txqueue import once
 from django_txqueue.consumer.registry import handler
@@ -38,12 +41,23 @@ def slow(item):
 
 @handler("in-c")
 def in_c(item):
-    """Records its run, then counts ``rows`` rows (default: for hours) in SQLite's C code:
-    a call that Python's signal handlers wait for, as for a driver's blocking query."""
-    Run.objects.create(item_id=item.pk, consumer=item.pid)
+    """Counts ``rows`` rows (default: for hours) in SQLite's C code: a call that Python's
+    signal handlers wait for, as for a driver's blocking query. Its run is recorded from
+    another thread once the call is under way, so that a test that signals the consumer on
+    seeing it finds the handler in C, not just before."""
     rows = item.payload.get("rows", 10**12) if isinstance(item.payload, dict) else 10**12
+    calling = threading.Event()
+
+    def record_once_in_c():
+        calling.wait()
+        time.sleep(0.5)  # the caller's few bytecodes into the call, however loaded
+        Run.objects.create(item_id=item.pk, consumer=item.pid)
+        connection.close()
+
+    threading.Thread(target=record_once_in_c, daemon=True).start()
     counter = sqlite3.connect(":memory:")
     try:
+        calling.set()
         return counter.execute(
             "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n LIMIT ?) "
             "SELECT count(*) FROM n",
