@@ -4,6 +4,7 @@ handlers and C calls: tests/e2e/test_limits_processes.py."""
 
 import os
 import signal
+import threading
 
 import pytest
 
@@ -61,3 +62,28 @@ def test_sighup_stays_ignored_where_it_was():
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("given_signals", "concurrency", "on_the_loops_thread"),
+    [(True, 1, True), (True, 2, False), (False, 1, False)],
+)
+def test_handlers_run_on_the_loops_thread_only_for_the_processs_own_consumer_at_one(
+    queue, given_signals, concurrency, on_the_loops_thread
+):
+    """``run_queue_consumer`` gives the Worker its StopSignals; a Worker made in one's own
+    code keeps a handler thread, so that a hung handler never holds the caller's."""
+    from django_txqueue.consumer.worker import Worker
+
+    queue.enqueue_many([{"n": n} for n in range(3)])
+    threads = []
+    worker = Worker(
+        {queue.name: lambda item: threads.append(threading.current_thread())},
+        concurrency=concurrency,
+        burst=True,
+        signals=StopSignals() if given_signals else None,
+    )
+    assert worker.run() == 0
+    assert len(threads) == 3
+    assert all((thread is threading.current_thread()) == on_the_loops_thread for thread in threads)

@@ -37,7 +37,6 @@ class NotMigrated(Exception):
             f"Database {alias!r} has no {', '.join(missing)} {tables}: "
             f"run `python manage.py migrate{where}`."
         )
-        self.missing = missing
 
 
 def wait_for_database(

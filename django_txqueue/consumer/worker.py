@@ -255,7 +255,7 @@ class Worker:
         )
         if self.signals is not None and self.concurrency == 1:
             self.watchdog = Watchdog(
-                due=self._overdue_handlers,
+                due=lambda: bool(self._overdue()),
                 take_over=self._take_over,
                 stopping=self.stopping,
                 shutdown_timeout=self.shutdown_timeout,
@@ -289,15 +289,15 @@ class Worker:
             return timeouts.ITEM_TIMEOUT_EXIT
         return 0 if self.gave_up is None else 1
 
-    def _overdue_handlers(self) -> bool:
-        """Whether a handler has run past its TIMEOUT (the watchdog's question)."""
-        return self._watching and bool(timeouts.overdue(self.in_flight.held()))
+    def _overdue(self) -> list[QueueItem]:
+        """The items whose handler has run past its TIMEOUT (none unless a queue has one)."""
+        return timeouts.overdue(self.in_flight.held()) if self._watching else []
 
     def _take_over(self, deadline: float | None) -> int:
         """On the watchdog's thread, the loop's held in a handler for good: what the loop
         would have done (a handler past its TIMEOUT stopped; the shutdown, by ``deadline``
         if it has begun) and the exit code it would have returned."""
-        if self._watching and (overdue := timeouts.overdue(self.in_flight.held())):
+        if overdue := self._overdue():
             self._stop_overdue(overdue)
             deadline = None  # the shutdown a time limit begins: SHUTDOWN_TIMEOUT from now
         self._shut_down(deadline)
@@ -357,7 +357,7 @@ class Worker:
 
     def _turn(self) -> bool:
         """One turn of the loop; False when a burst run has drained its queues."""
-        if self._watching and (overdue := timeouts.overdue(self.in_flight.held())):
+        if overdue := self._overdue():
             self._stop_overdue(overdue)
             return True
         now = time.monotonic()
