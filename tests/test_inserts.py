@@ -43,6 +43,26 @@ class TestOneItem:
         assert (item._state.adding, item._state.db) == (False, "default")
         assert stored(item) == written(queue.name, {"seat": 12}, key="tenant-a", priority=3)
 
+    def test_defaults_are_written_as_text_and_only_the_callers_values_are_bound(self, queue):
+        sent = []  # each INSERT's text and parameters, as enqueue() sends them
+
+        def capture(execute, sql, params, many, context):
+            sent.append((sql, list(params or ())))
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(capture):
+            plain = queue.enqueue({"seat": 1})
+            given = queue.enqueue({"seat": 2}, priority=3, max_attempts=9)
+        # The queue, the payload, and the values the caller gave: nothing else is bound.
+        for (sql, params), bound in zip(sent, (2, 4), strict=True):
+            assert len(params) == bound and params[0] == queue.name
+            assert sql.count("%s") == bound
+        assert stored(plain) == written(queue.name, {"seat": 1})
+        assert stored(given) == written(queue.name, {"seat": 2}, priority=3, max_attempts=9)
+        with CaptureQueriesContext(connection) as reads:  # what it wrote as text, it knows
+            known = (plain.status, plain.attempts, plain.pid, plain.last_error)
+        assert known == (Status.READY, 0, "", "") and reads.captured_queries == []
+
     def test_database_computed_values_load_on_first_access(self, queue):
         before = timezone.now() - dt.timedelta(seconds=5)
         item = queue.enqueue(None)
