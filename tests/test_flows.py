@@ -427,6 +427,24 @@ def test_a_burst_run_does_not_stop_before_the_step_its_last_batch_released(queue
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("poll", [0.001, 60])
+def test_a_burst_run_claims_a_step_released_into_a_queue_it_claimed_just_before(
+    queue, settings, poll
+):
+    """The last acknowledgement rides with a claim from the `then`'s queue, which cannot
+    see the release (the same statement on PostgreSQL, before it in the transaction
+    elsewhere), and that queue is not idle (its POLL_INTERVAL ran out: a slow machine's
+    drain) or is: the burst run claims the `then` all the same."""
+    settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": poll}
+    steps = [step(queue.name, {"n": n}) for n in range(3)]
+    flow = group(*steps, then=step("children", {"then": True})).enqueue()
+    ran = []
+    Worker({queue.name: ran.append, "children": ran.append}, batch=10, burst=True).run()
+    assert stored(flow.items[-1]).status == Status.DONE
+    assert ran[-1].pk == flow.items[-1].pk
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_failing_handler_cancels_its_dependents_through_a_consumer(queue):
     def boom(item):
         raise RuntimeError("no thumbnails today")

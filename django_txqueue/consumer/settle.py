@@ -175,6 +175,13 @@ class Settler:
             ack = claimer.ride  # still here: no claim was made to carry it
         elif woken:
             self.rotation.wake(woken)
+        finished = (settled, riding[1] if riding else ())
+        if any(outcome.item.dependent_count for group in finished for outcome in group):
+            # Their acknowledgements may have released items of any queue, one this call
+            # claimed from before they did (PostgreSQL's claim cannot see the release in
+            # its own statement): every queue is claimed again, by a burst run too.
+            self.rotation.wake(None)
+            self.rotation.passed_over = True
         if riding is not None:
             accepted = claimer.acknowledged
             if ack is not None:
