@@ -101,13 +101,14 @@ class Gateway:
     def _transaction(self):
         # IMMEDIATE: the write lock up front, so that the read of a key and the insert
         # that follows it cannot interleave with another process's; the timeout waits
-        # for that lock instead of failing.
+        # for that lock instead of failing. The schema is made under it too. (Not WAL:
+        # switching a new file to it fails at once, "database is locked", when a second
+        # caller opens the file meanwhile, and every call here writes anyway.)
         with closing(sqlite3.connect(self.path, timeout=20, isolation_level=None)) as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            for statement in SCHEMA:
-                db.execute(statement)
             db.execute("BEGIN IMMEDIATE")
             try:
+                for statement in SCHEMA:
+                    db.execute(statement)
                 yield db
             except BaseException:
                 db.execute("ROLLBACK")

@@ -41,6 +41,7 @@ WAITING = re.compile(
     re.M,
 )
 STARTED = re.compile(r"^(\S+ \S+) INFO consumer \S+ started", re.M)
+AVAILABLE = re.compile(r"^(\S+ \S+) INFO database 'default' is available", re.M)
 
 
 def logged_at(stamp: str) -> float:
@@ -138,13 +139,18 @@ def assert_drained_after_waiting(running: Consumer, up: float) -> str:
 def assert_started_promptly(
     running: Consumer, tries: list[tuple[float, float]], up: float
 ) -> None:
-    """Started at the first try after the database was back (``up``), not a pause later."""
-    found = STARTED.findall(running.output())
-    assert found, running.output()
+    """Found the database at the first try after it was back (``up``), not a pause later,
+    then started its consumers."""
+    output = running.output()
+    assert STARTED.findall(output), output
+    available = AVAILABLE.findall(output)
+    assert len(available) == 1, output
     last_at, last_pause = tries[-1]
-    # That try came at the end of the last pause announced, or at once if it was over;
-    # then the checks, and with --processes, the children's start.
-    assert logged_at(found[0]) <= max(up, last_at + 1.2 * last_pause) + 2.0, running.output()
+    # That try came at the end of the last pause announced (jitter +-20%), or at once if the
+    # database came back later; then its checks, well within a second. How long consumers
+    # take to start after that (Django's start-up in each --processes child: seconds on a
+    # loaded machine) is not what this checks.
+    assert logged_at(available[0]) <= max(up, last_at + 1.2 * last_pause) + 1.0, output
 
 
 @pytest.mark.parametrize("concurrency", [1, 4])
