@@ -330,7 +330,8 @@ def test_sigterm_reaches_a_consumer_whose_handler_is_in_a_c_call(tmp_path, concu
 def test_a_signal_taken_by_the_watchdog_is_not_counted_again_once_the_c_call_ends(tmp_path):
     """The watchdog stops the consumer; Python's handler, run once the call returns, does
     not take the same SIGTERM for a second one (which would end the process at once)."""
-    rows = 30_000_000  # a few seconds of SQLite's C code: past the watchdog's grace
+    # About 5 s of SQLite's C code (2 cores, idle): well past the watchdog's 0.5 s grace.
+    rows = 8_000_000
     running, quick, code, log, took = stopped_with_one_running(
         tmp_path, "in-c", {"rows": rows}, "1", shutdown_timeout=60
     )
