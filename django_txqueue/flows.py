@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,26 +57,27 @@ class Flow:
 class Part:
     """A step, chain or group: ``heads`` run first, ``tails`` end it."""
 
-    def steps(self) -> list[Step]:
-        raise NotImplementedError
-
-    def wire(self, waits: defaultdict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
-        """Record in ``waits`` (a defaultdict, {id(step): the steps it waits for}) what
-        waits for what inside this part; returns its heads and its tails."""
+    def lay_out(
+        self, steps: list[Step], waits: dict[int, list[int]]
+    ) -> tuple[list[int], list[int]]:
+        """Append this part's steps to ``steps``, in the flow's order, and record in
+        ``waits`` ({a step's index: the indices of the steps it waits for}) what waits
+        for what inside it; returns its heads' indices and its tails'. One pass, by
+        index: a group of a thousand steps is walked once. (The lists returned are not
+        changed by the caller: a step returns one list as both.)"""
         raise NotImplementedError
 
     def enqueue(self, using: str | None = None) -> Flow:
         """Insert the whole flow in the caller's transaction: its items (READY where they
         wait for nothing) and the edges between them. ``using``: the database (by
         default the first step's queue's); every step's queue must live there."""
-        steps = self.steps()
-        index = {id(s): n for n, s in enumerate(steps)}
-        if len(index) != len(steps):
-            raise ValueError("a step appears twice in this flow; make a new step() for each")
+        steps: list[Step] = []
         # Lists only for the steps that wait: a group's thousand others need none (each
         # container made here is one more for the garbage collector to walk).
-        waits: defaultdict[int, list[Step]] = defaultdict(list)
-        self.wire(waits)
+        waits: dict[int, list[int]] = {}
+        self.lay_out(steps, waits)
+        if len(set(map(id, steps))) != len(steps):
+            raise ValueError("a step appears twice in this flow; make a new step() for each")
         alias = using or home_database(steps[0].queue)
         queues = {q: conf.queue_options(q) for q in dict.fromkeys(s.queue for s in steps)}
         elsewhere = [q for q in queues if using is None and home_database(q) != alias]
@@ -86,16 +87,14 @@ class Part:
                 "a flow lives on one database (pass using=, or place the queues together)"
             )
         payloads = checked_payloads(steps)
-        parents: list[Sequence[int]] = [()] * len(steps)
-        for waiter, waited in waits.items():
-            parents[index[waiter]] = [index[id(p)] for p in waited]
-        dependents = Counter(itertools.chain.from_iterable(parents))
+        dependents = Counter(itertools.chain.from_iterable(waits.values()))
         flow = uuid.uuid4()
         # Steps alike but for their payload (their checked fields shared, ``step_fields``)
         # become rows alike, written by one INSERT: one run of indices each.
         alike: dict[tuple[int, int, int], list[int]] = {}
-        for n, (s, waits_for) in enumerate(zip(steps, parents, strict=True)):
-            alike.setdefault((id(s.fields), len(waits_for), dependents.get(n, 0)), []).append(n)
+        for n, s in enumerate(steps):
+            waiting_for = len(waits[n]) if n in waits else 0
+            alike.setdefault((id(s.fields), waiting_for, dependents.get(n, 0)), []).append(n)
         trace_context = tracing.current_context()  # the enqueue's, as enqueue() takes it
         runs = [
             (steps[run[0]].values(flow, waiting_for, count, trace_context), run)
@@ -106,7 +105,7 @@ class Part:
             alias,
             runs,
             payloads,
-            parents,
+            waits,
             bounds={q: o["MAX_SIZE"] for q, o in queues.items() if o["MAX_SIZE"] is not None},
             bound_model=QueueBound,
             fair={q for q, o in queues.items() if o["FAIR"]},
@@ -141,11 +140,12 @@ class Step(Part):
     def __repr__(self) -> str:
         return f"step({self.queue!r}, {self.payload!r})"
 
-    def steps(self) -> list[Step]:
-        return [self]
-
-    def wire(self, waits: defaultdict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
-        return [self], [self]
+    def lay_out(
+        self, steps: list[Step], waits: dict[int, list[int]]
+    ) -> tuple[list[int], list[int]]:
+        me = [len(steps)]
+        steps.append(self)
+        return me, me
 
     def values(
         self, flow: uuid.UUID, waiting_for: int, dependents: int, trace_context: Any = None
@@ -167,17 +167,16 @@ class Chain(Part):
     def __init__(self, parts: Sequence[Part]) -> None:
         self.parts = list(parts)
 
-    def steps(self) -> list[Step]:
-        return [s for part in self.parts for s in part.steps()]
-
-    def wire(self, waits: defaultdict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
-        heads: list[Step] = []
-        tails: list[Step] = []
+    def lay_out(
+        self, steps: list[Step], waits: dict[int, list[int]]
+    ) -> tuple[list[int], list[int]]:
+        heads: list[int] = []
+        tails: list[int] = []
         for part in self.parts:
-            part_heads, part_tails = part.wire(waits)
+            part_heads, part_tails = part.lay_out(steps, waits)
             if tails:  # the first part waits for nothing: no list for its heads
                 for head in part_heads:
-                    waits[id(head)] += tails
+                    waits.setdefault(head, []).extend(tails)
             heads, tails = heads or part_heads, part_tails
         return heads, tails
 
@@ -186,22 +185,20 @@ class Group(Part):
     def __init__(self, parts: Sequence[Part], then: Part | None) -> None:
         self.parts, self.then = list(parts), then
 
-    def steps(self) -> list[Step]:
-        then = self.then.steps() if self.then is not None else []
-        return [s for part in self.parts for s in part.steps()] + then
-
-    def wire(self, waits: defaultdict[int, list[Step]]) -> tuple[list[Step], list[Step]]:
-        heads: list[Step] = []
-        tails: list[Step] = []
+    def lay_out(
+        self, steps: list[Step], waits: dict[int, list[int]]
+    ) -> tuple[list[int], list[int]]:
+        heads: list[int] = []
+        tails: list[int] = []
         for part in self.parts:
-            part_heads, part_tails = part.wire(waits)
+            part_heads, part_tails = part.lay_out(steps, waits)
             heads += part_heads
             tails += part_tails
         if self.then is None:
             return heads, tails
-        then_heads, then_tails = self.then.wire(waits)
+        then_heads, then_tails = self.then.lay_out(steps, waits)
         for head in then_heads:
-            waits[id(head)] += tails
+            waits.setdefault(head, []).extend(tails)
         return heads, then_tails
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -102,18 +102,16 @@ def add_edges(
 
 
 def add_flow_edges(
-    model: type[QueueItem], using: str, items: list[QueueItem], parents: list[Sequence[int]]
+    model: type[QueueItem], using: str, items: list[QueueItem], waits: Mapping[int, Sequence[int]]
 ) -> None:
-    """The edges of a flow written at once: from each item to each of its ``parents``
-    (indices into ``items``)."""
-    pks = [item.pk for item in items]
+    """The edges of a flow written at once: from each item that waits to each it waits
+    for (``waits``: {its index into ``items``: theirs})."""
     children: list[Any] = []
-    waited_for: list[Any] = []
-    for pk, waits_for in zip(pks, parents, strict=True):
-        for parent in waits_for:
-            children.append(pk)
-            waited_for.append(pks[parent])
-    insert_edges(model, using, children, waited_for)
+    parents: list[Any] = []
+    for waiter, waited in waits.items():
+        children += [items[waiter].pk] * len(waited)
+        parents += [items[n].pk for n in waited]
+    insert_edges(model, using, children, parents)
 
 
 def insert_edges(

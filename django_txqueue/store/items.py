@@ -6,7 +6,7 @@ tick rows with their items.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -149,22 +149,23 @@ def enqueue_flow(
     using: str,
     runs: list[Run],
     payloads: list[Any],
-    parents: list[Sequence[int]],
+    waits: Mapping[int, Sequence[int]],
     *,
     bounds: dict[str, int],
     bound_model: type[Model],
     fair: set[str],
 ) -> list[QueueItem]:
     """Insert one flow's items, ``payloads`` with the fields of their ``runs``, and the
-    edges from each to its ``parents`` (indices into ``payloads``), in the caller's
-    transaction, all or none; the items, in the order of ``payloads``.
+    edges from each that waits to those it waits for (``waits``: {its index into
+    ``payloads``: theirs}), in the caller's transaction, all or none; the items, in the
+    order of ``payloads``.
 
     Each run goes in one INSERT. ``bounds``: the bounded queues' sizes ({queue:
     MAX_SIZE}), checked under their bound rows' locks first (QueueFull); ``fair``: the
     fair queues, whose items get their rounds.
     """
     return retrying_conflicts(
-        _enqueue_flow, using, model, using, runs, payloads, parents, bounds, bound_model, fair
+        _enqueue_flow, using, model, using, runs, payloads, waits, bounds, bound_model, fair
     )
 
 
@@ -173,7 +174,7 @@ def _enqueue_flow(
     using: str,
     runs: list[Run],
     payloads: list[Any],
-    parents: list[Sequence[int]],
+    waits: Mapping[int, Sequence[int]],
     bounds: dict[str, int],
     bound_model: type[Model],
     fair: set[str],
@@ -186,7 +187,7 @@ def _enqueue_flow(
         full = _first_full(model, using, adding, bounds, bound_model)
         if full is None:
             items = _insert_rows(model, using, runs, payloads, fair)
-            flows.add_flow_edges(model, using, items, parents)
+            flows.add_flow_edges(model, using, items, waits)
     if full is not None:
         queue, current = full
         values, indices = min(
