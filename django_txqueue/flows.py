@@ -93,8 +93,8 @@ class Part:
         # become rows alike, written by one INSERT: one run of indices each.
         alike: dict[tuple[int, int, int], list[int]] = {}
         for n, s in enumerate(steps):
-            waiting_for = len(waits[n]) if n in waits else 0
-            alike.setdefault((id(s.fields), waiting_for, dependents.get(n, 0)), []).append(n)
+            key = (id(s.fields), len(waits.get(n, ())), dependents.get(n, 0))
+            alike.setdefault(key, []).append(n)
         trace_context = tracing.current_context()  # the enqueue's, as enqueue() takes it
         runs = [
             (steps[run[0]].values(flow, waiting_for, count, trace_context), run)

@@ -431,10 +431,11 @@ def test_a_burst_run_does_not_stop_before_the_step_its_last_batch_released(queue
 def test_a_burst_run_claims_a_step_released_into_a_queue_it_claimed_just_before(
     queue, settings, poll
 ):
-    """The last acknowledgement rides with a claim from the `then`'s queue, which cannot
-    see the release (the same statement on PostgreSQL, before it in the transaction
-    elsewhere), and that queue is not idle (its POLL_INTERVAL ran out: a slow machine's
-    drain) or is: the burst run claims the `then` all the same."""
+    """The last acknowledgement rides with a claim from the `then`'s queue, which on
+    PostgreSQL cannot see the release (it is made in the same statement; elsewhere the
+    acknowledgement runs first in the claim's transaction), and that queue is not idle (its
+    POLL_INTERVAL ran out: a slow machine's drain) or is: the burst run claims the `then`
+    all the same."""
     settings.TXQUEUE = {**settings.TXQUEUE, "POLL_INTERVAL": poll}
     steps = [step(queue.name, {"n": n}) for n in range(3)]
     flow = group(*steps, then=step("children", {"then": True})).enqueue()

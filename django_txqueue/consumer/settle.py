@@ -162,6 +162,7 @@ class Settler:
         ordered queue's next item, or a released one, may be claimable now."""
         assert self.rotation is not None and self.claimer is not None  # noqa: S101
         claimer, ack = self.claimer, None if riding is None else acknowledgement(*riding)
+        counts_down = ack is not None and ack.dependents is not None  # waited for, riding
         # The items settled, and those riding, are finished: their room is free.
         limit = min(self.batch, room + len(settled) + (len(riding[1]) if riding else 0))
         if self.claim_cap is not None:
@@ -175,8 +176,7 @@ class Settler:
             ack = claimer.ride  # still here: no claim was made to carry it
         elif woken:
             self.rotation.wake(woken)
-        finished = (settled, riding[1] if riding else ())
-        if any(outcome.item.dependent_count for group in finished for outcome in group):
+        if counts_down or any(outcome.item.dependent_count for outcome in settled):
             # Their acknowledgements may have released items of any queue, one this call
             # claimed from before they did (PostgreSQL's claim cannot see the release in
             # its own statement): every queue is claimed again, by a burst run too.

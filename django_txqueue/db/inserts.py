@@ -85,7 +85,7 @@ class Inserts(Generic[M]):
         # A composite primary key (no column of its own) is its fields' values.
         self.auto_pk = self.pk.column is not None and self.pk.attname not in self.fields
         # The constant defaults a single row writes as text (``Literal``), by field; not
-        # a text with a %, which SQLite's quoting would leave as a placeholder's start.
+        # a text with a %, which the drivers would take for a placeholder's start.
         self.constants = {
             name: field.default
             for name, field in self.fields.items()

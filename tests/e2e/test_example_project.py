@@ -104,7 +104,6 @@ def test_two_runs_of_one_bookings_sms_deliver_one_message(example):
 
 PAGE = """
 import sys
-import threading
 from django.test import Client
 from django.test.utils import setup_test_environment
 setup_test_environment()  # lets the Client's host, testserver, in
@@ -194,7 +193,9 @@ def test_the_fake_gateways_first_calls_at_once_all_deliver(tmp_path):
     spec = importlib.util.spec_from_file_location("gateway", EXAMPLE / "cinema" / "gateway.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    callers, files, errors = 8, 40, []
+    # Four callers on each of 200 fresh files: the WAL switch failed a call on about one
+    # file in twenty, so with it this test passes about once in 30,000 runs.
+    callers, files, errors = 4, 200, []
 
     def send(gateway, barrier, n):
         barrier.wait()
@@ -206,6 +207,7 @@ def test_the_fake_gateways_first_calls_at_once_all_deliver(tmp_path):
     for file in range(files):
         gateway = module.Gateway(tmp_path / f"gateway-{file}.sqlite3")
         barrier = threading.Barrier(callers)
+        failed_before = len(errors)
         threads = [
             threading.Thread(target=send, args=(gateway, barrier, n)) for n in range(callers)
         ]
@@ -213,5 +215,6 @@ def test_the_fake_gateways_first_calls_at_once_all_deliver(tmp_path):
             thread.start()
         for thread in threads:
             thread.join()
-        assert len(gateway.messages()) == callers - len(errors), errors
+        # Each call delivered once or failed before delivering: nothing half-written.
+        assert len(gateway.messages()) == callers - (len(errors) - failed_before), errors
     assert errors == []
