@@ -60,7 +60,7 @@ class AckStatement:
         # Rows something waits for are left to ``store.flows``, but those a counting
         # acknowledgement takes (``Ack.dependents``).
         self.in_flows = has_field(model, "dependent_count")
-        self._sql: dict[tuple[int, bool, bool], str] = {}
+        self._sql: dict[tuple[int, bool, bool, bool], str] = {}
         self._count_down: dict[int, str] = {}
 
     @property
@@ -71,8 +71,10 @@ class AckStatement:
         """The UPDATE acknowledging ``ack`` and its parameters, the dialect's ``pk_params``
         of its items given."""
         with_results = self.keeps_results and any(v is not None for v in ack.results.values())
-        counting = bool(ack.dependents) and self.in_flows
-        sql = self.sql(len(ack.results), with_results, counting)
+        dependents = ack.dependents if self.in_flows and ack.dependents else None
+        # One count bound where the claim read the same on every row: a group's steps.
+        one_count = dependents is not None and len(set(dependents.values())) == 1
+        sql = self.sql(len(ack.results), with_results, dependents is not None, one_count)
         params = list(self.status[1])
         if with_results:
             connection = self.connection
@@ -81,13 +83,17 @@ class AckStatement:
                 params += [pk, field.get_db_prep_save(value, connection)]
         # Plain ints: mysqlclient would quote a Status member as a string.
         params += [*pk_params, int(Status.IN_PROGRESS), ack.claim_token]
-        if counting and ack.dependents is not None:
-            for pk, count in ack.dependents.items():
+        if dependents is not None and one_count:
+            params.append(next(iter(dependents.values())))
+        elif dependents is not None:
+            for pk, count in dependents.items():
                 params += [pk, count]
         return sql, params
 
-    def sql(self, size: int, with_results: bool, counting: bool = False) -> str:
-        key = (size, with_results, counting)
+    def sql(
+        self, size: int, with_results: bool, counting: bool = False, one_count: bool = False
+    ) -> str:
+        key = (size, with_results, counting, one_count)
         if key not in self._sql:
             connection = self.connection
             names = ["pk", "status", "lease_expires_at", "claim_token"]
@@ -98,7 +104,14 @@ class AckStatement:
             columns = {name: quoted_column(connection, self.model, name) for name in names}
             table = connection.ops.quote_name(self.model._meta.db_table)
             self._sql[key] = dialect(connection).ack_update(
-                table, columns, self.status[0], now_sql(connection), size, with_results, counting
+                table,
+                columns,
+                self.status[0],
+                now_sql(connection),
+                size,
+                with_results,
+                counting,
+                one_count,
             )
         return self._sql[key]
 

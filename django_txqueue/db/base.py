@@ -388,6 +388,7 @@ class Dialect:
         size: int,
         results: bool,
         counting: bool = False,
+        one_count: bool = False,
     ) -> str:
         """The fenced acknowledgement's UPDATE (``acks.AckStatement``).
 
@@ -395,10 +396,11 @@ class Dialect:
         ``pk_params`` of the pks, then IN_PROGRESS and the claim token: only rows still held
         by that claim change. Where the model has ``dependent_count``, the rows something
         waits for are left to ``store.flows``; ``counting``, only those whose count
-        changed since the claim (bound as (pk, count) pairs, last) or whose cancellation
-        was requested: ``ack_on`` counts down for the others. ``columns`` maps field names
-        to quoted columns; a model without ``result`` and ``finished_at`` (a plain
-        QueueModel) has neither set.
+        changed since the claim (bound as (pk, count) pairs, last; where the claim read
+        the same count on every row, ``one_count``, as that count alone) or whose
+        cancellation was requested: ``ack_on`` counts down for the others. ``columns``
+        maps field names to quoted columns; a model without ``result`` and
+        ``finished_at`` (a plain QueueModel) has neither set.
         """
         pk, assignments = columns["pk"], [f"{columns['status']} = {status}"]
         if "result" in columns:
@@ -407,7 +409,7 @@ class Dialect:
         assignments.append(f"{columns['lease_expires_at']} = NULL")
         waited_for = columns.get("dependent_count")
         if waited_for and counting:
-            claimed = f"CASE {pk} " + "WHEN %s THEN %s " * size + "END"
+            claimed = "%s" if one_count else f"CASE {pk} " + "WHEN %s THEN %s " * size + "END"
             waited_for = (
                 f"{waited_for} = {claimed} "
                 f"AND ({waited_for} = 0 OR {columns['cancel_requested_at']} IS NULL)"

@@ -144,7 +144,8 @@ class PostgreSQL(Dialect):
 
     @staticmethod
     def released_count(ack: Ack) -> str:
-        """How many queues the statement told of released items (``acknowledged``)."""
+        """How many items the statement released (``acknowledged``), 0 where it counts
+        nothing down."""
         return "(SELECT count(*) FROM told)" if ack.dependents else "0"
 
     @contextmanager
@@ -212,14 +213,18 @@ class PostgreSQL(Dialect):
     def count_down_update(self, items: str, edges: str, columns: dict[str, str], size: int) -> str:
         """The CTEs after ``acked`` (``acknowledged``): each WAITING item with edges to the
         rows acknowledged counts down by their number, READY at zero (``counted``), and the
-        queues of those made READY are told (``told``). Parameters: ``count_down_params``."""
+        queues of those made READY are told (``told``; the server delivers a channel's
+        same payload once per transaction, however often it was sent). Parameters:
+        ``count_down_params``."""
         pk, status, waiting = columns["pk"], columns["status"], columns["waiting_for"]
         item, parent = columns["edge_item"], columns["edge_parent"]
-        # The edges found by their parents' index first (the acknowledged items' keys);
-        # joined to ``acked`` alone, of unknown size, the planner read all of them. The
-        # items counted down are then found by primary key: their WAITING check reads
-        # ``status + 0``, which the WAITING index's predicate cannot match (the planner
-        # read every WAITING item through it, and the dead ones a drain leaves).
+        # The edges found by their parents' index first (the acknowledged items' keys,
+        # bound: the planner knows their number); joined to ``acked`` alone, or to an
+        # ARRAY of its keys, of unknown size, it planned for hundreds and read every item
+        # where the table had no statistics yet. The items counted down are then found by
+        # primary key: their WAITING check reads ``status + 0``, which the WAITING index's
+        # predicate cannot match (the planner read every WAITING item through it, and the
+        # dead ones a drain leaves).
         edges_to_acked = (
             f"SELECT e.{item} AS item, count(*) AS n FROM {edges} AS e "
             f"WHERE e.{parent} = ANY(%s) AND e.{parent} IN (SELECT {pk} FROM acked) "
@@ -230,15 +235,13 @@ class PostgreSQL(Dialect):
             f"THEN %s ELSE {items}.{status} END, {waiting} = {items}.{waiting} - c.n "
             f"FROM ({edges_to_acked}) AS c WHERE {items}.{pk} = c.item "
             f"AND {items}.{status} + 0 = %s "
-            f"RETURNING CASE WHEN {items}.{status} = %s THEN {items}.{columns['queue']} END "
-            "AS released), "
-            "told AS (SELECT pg_notify(%s, q.released) FROM "
-            "(SELECT DISTINCT released FROM counted WHERE released IS NOT NULL) AS q)"
+            f"RETURNING {items}.{status}, {items}.{columns['queue']}), "
+            f"told AS (SELECT pg_notify(%s, {columns['queue']}) FROM counted WHERE {status} = %s)"
         )
 
     def count_down_params(self, pk_params: list[Any]) -> list[Any]:
         ready = int(Status.READY)
-        return [ready, *pk_params, int(Status.WAITING), ready, CHANNEL]
+        return [ready, *pk_params, int(Status.WAITING), CHANNEL, ready]
 
     def announce(self, connection: BaseDatabaseWrapper, queue: str) -> None:
         with connection.cursor() as cursor:
