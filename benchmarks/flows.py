@@ -1,12 +1,12 @@
 """What flows cost (docs/flows.md), each beside its plain baseline, in the same run:
 
-    TXQUEUE_TEST_DB=postgresql python -m benchmarks.flows [STEPS] [ROUNDS]
+    TXQUEUE_TEST_DB=postgresql python -m benchmarks.flows [STEPS] [ROUNDS] [BATCH]
 
 - drain: a group of STEPS steps with a ``then`` (default 10,000), drained by one burst
-  ``Worker`` (batch 10), beside STEPS independent items; items per second, medians of
-  ROUNDS pairs (default 3), each pair run back to back (the two taking turns at going
-  first), and the median of the pairs' ratios: the machine's pace drifts over seconds
-  by more than the two differ;
+  ``Worker`` claiming BATCH at a time (default 10), beside STEPS independent items;
+  items per second, medians of ROUNDS pairs (default 3), each pair run back to back (the
+  two taking turns at going first), and the median of the pairs' ratios: the machine's
+  pace drifts over seconds by more than the two differ;
 - release: how long after the last step's acknowledgement its ``then`` was claimed
   (``finished_at`` to ``claimed_at``, both by the database's clock), p50 and p95 over
   ROUNDS x 10 groups of 20 steps drained by one consumer;
@@ -39,6 +39,7 @@ from django_txqueue.consumer.worker import Worker  # noqa: E402
 from django_txqueue.models import QueueDependency, QueueItem  # noqa: E402
 
 QUEUE = "bench-flows"
+BATCH = int(sys.argv[3]) if len(sys.argv) > 3 else 10
 
 
 def empty() -> None:
@@ -56,7 +57,7 @@ def empty() -> None:
 def drain() -> float:
     """Seconds for one burst Worker to drain the queue."""
     began = time.perf_counter()
-    Worker({QUEUE: lambda item: None}, batch=10, burst=True).run()
+    Worker({QUEUE: lambda item: None}, batch=BATCH, burst=True).run()
     return time.perf_counter() - began
 
 
@@ -127,8 +128,8 @@ def main() -> None:
     share = statistics.median(group / plain for plain, group in rates)
     print(f"{vendor}, load {os.getloadavg()[0]:.2f}")
     print(
-        f"drain, {steps:,} items: plain {plain:,.0f}/s, a group with a then {flow:,.0f}/s "
-        f"(medians of {rounds}; the median pair {share:.0%})"
+        f"drain, {steps:,} items, batch {BATCH}: plain {plain:,.0f}/s, "
+        f"a group with a then {flow:,.0f}/s (medians of {rounds}; the median pair {share:.0%})"
     )
     delays = sorted(release_delays(rounds * 10))
     p95 = delays[max(0, round(len(delays) * 0.95) - 1)]

@@ -218,17 +218,18 @@ class PostgreSQL(Dialect):
         ``count_down_params``."""
         pk, status, waiting = columns["pk"], columns["status"], columns["waiting_for"]
         item, parent = columns["edge_item"], columns["edge_parent"]
-        # The edges found by their parents' index first (the acknowledged items' keys,
-        # bound: the planner knows their number); joined to ``acked`` alone, or to an
-        # ARRAY of its keys, of unknown size, it planned for hundreds and read every item
-        # where the table had no statistics yet. The items counted down are then found by
-        # primary key: their WAITING check reads ``status + 0``, which the WAITING index's
-        # predicate cannot match (the planner read every WAITING item through it, and the
-        # dead ones a drain leaves).
+        # Each acknowledged row's edges are read by its own key, a lookup of the edges'
+        # index however large the batch and whatever the statistics say. Joined to
+        # ``acked`` (of unknown size) the planner read every edge, or checked each edge
+        # against every row acknowledged (a batch of 100: 1.2 ms of a 3.4 ms statement);
+        # by an ARRAY of its keys, where the tables had no statistics yet, every item.
+        # The items counted down are then found by primary key: their WAITING check
+        # reads ``status + 0``, which the WAITING index's predicate cannot match (the
+        # planner read every WAITING item through it, and the dead ones a drain leaves).
         edges_to_acked = (
-            f"SELECT e.{item} AS item, count(*) AS n FROM {edges} AS e "
-            f"WHERE e.{parent} = ANY(%s) AND e.{parent} IN (SELECT {pk} FROM acked) "
-            f"GROUP BY e.{item}"
+            f"SELECT d.item, count(*) AS n FROM acked AS a, unnest(ARRAY("
+            f"SELECT e.{item} FROM {edges} AS e WHERE e.{parent} = a.{pk})) AS d (item) "
+            "GROUP BY d.item"
         )
         return (
             f"counted AS (UPDATE {items} SET {status} = CASE WHEN {items}.{waiting} <= c.n "
@@ -241,7 +242,7 @@ class PostgreSQL(Dialect):
 
     def count_down_params(self, pk_params: list[Any]) -> list[Any]:
         ready = int(Status.READY)
-        return [ready, *pk_params, int(Status.WAITING), CHANNEL, ready]
+        return [ready, int(Status.WAITING), CHANNEL, ready]
 
     def announce(self, connection: BaseDatabaseWrapper, queue: str) -> None:
         with connection.cursor() as cursor:
