@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 from benchmarks.database import prepare_database  # noqa: E402
@@ -73,13 +74,7 @@ def drain_rates(steps: int, first: str) -> tuple[float, float]:
         group(*(step(QUEUE, {"n": n}) for n in range(steps)), then=step(QUEUE, {})).enqueue()
         return (steps + 1) / drain()
 
-    drains = [("plain", plain), ("group", flow)]
-    if first == "group":
-        drains.reverse()
-    rates = {}
-    for name, run in drains:
-        empty()
-        rates[name] = run()
+    rates = in_turns({"plain": plain, "group": flow}, first)
     return rates["plain"], rates["group"]
 
 
@@ -101,22 +96,28 @@ def enqueue_times(size: int, first: str) -> tuple[float, float]:
     """Milliseconds: enqueue_many of SIZE and a group of SIZE steps with a then, the one
     named ``first`` ("many" or "group") first (the pairs take turns)."""
 
-    def many() -> None:
-        Queue(QUEUE).enqueue_many([{"n": n} for n in range(size)])
-
-    def flow() -> None:
-        group(*(step(QUEUE, {"n": n}) for n in range(size)), then=step(QUEUE, {})).enqueue()
-
-    writes = [("many", many), ("group", flow)]
-    if first == "group":
-        writes.reverse()
-    took = {}
-    for name, write in writes:
-        empty()
+    def many() -> float:
         began = time.perf_counter()
-        write()
-        took[name] = (time.perf_counter() - began) * 1000
+        Queue(QUEUE).enqueue_many([{"n": n} for n in range(size)])
+        return (time.perf_counter() - began) * 1000
+
+    def flow() -> float:
+        began = time.perf_counter()
+        group(*(step(QUEUE, {"n": n}) for n in range(size)), then=step(QUEUE, {})).enqueue()
+        return (time.perf_counter() - began) * 1000
+
+    took = in_turns({"many": many, "group": flow}, first)
     return took["many"], took["group"]
+
+
+def in_turns(runs: dict[str, Callable[[], float]], first: str) -> dict[str, float]:
+    """What each of ``runs`` measured, each on emptied tables, the one named ``first``
+    first and the other after it."""
+    measured = {}
+    for name in sorted(runs, key=lambda name: name != first):
+        empty()
+        measured[name] = runs[name]()
+    return measured
 
 
 def main() -> None:
