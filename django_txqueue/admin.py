@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import django
 from django import forms
@@ -209,9 +209,10 @@ class FlowFilter(admin.SimpleListFilter):
         if not self.value():
             return queryset
         try:
-            return queryset.filter(flow=uuid.UUID(str(self.value())))
+            flow = uuid.UUID(str(self.value()))
         except ValueError:
             return queryset.none()  # no flow has such an id
+        return cast(QueueItemQuerySet, queryset).in_flow(flow)
 
 
 def item_id(text: str) -> int | None:
@@ -346,7 +347,7 @@ class QueueItemAdmin(QueueItemModelAdmin):
         if request.method == "POST":
             if not self.has_change_permission(request):
                 raise PermissionDenied
-            cancelled = QueueItem.objects.filter(flow=flow.id).cancel()
+            cancelled = QueueItem.objects.in_flow(flow.id).cancel()
             self.message_user(
                 request, f"Cancelled {counted(cancelled, 'item')} of the flow.", messages.SUCCESS
             )

@@ -42,14 +42,14 @@ class Flow:
         """The flow ``item`` belongs to (ValueError if it belongs to none)."""
         if item.flow is None:
             raise ValueError(f"item {item.pk} belongs to no flow")
-        items = QueueItem.objects.using(item._state.db).filter(flow=item.flow).order_by("pk")
+        items = QueueItem.objects.using(item._state.db).in_flow(item.flow).order_by("pk")
         return cls(item.flow, list(items))
 
     def counts(self) -> dict[Status, int]:
         """How many of the flow's items are in each status, read now; statuses with none
         left out."""
         items = QueueItem.objects.using(self.items[0]._state.db if self.items else None)
-        rows = items.filter(flow=self.id).values_list("status")
+        rows = items.in_flow(self.id).values_list("status")
         found = Counter(status for (status,) in rows)
         return {Status(status): n for status, n in sorted(found.items())}
 

@@ -32,6 +32,8 @@ from .status import UNFINISHED, Status
 from .validation import MAX_LABEL, MAX_QUEUE_NAME, cron_problem, queue_name_problem
 
 if TYPE_CHECKING:
+    import uuid
+
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
 __all__ = [
@@ -417,6 +419,15 @@ class QueueItemQuerySet(QueueQuerySet["QueueItem"]):
         many changed."""
         return store.cancel(self)
 
+    def in_flow(self, flow: uuid.UUID) -> QueueItemQuerySet:
+        """The items among these of flow ``flow``, read along the primary key between the
+        first and last its enqueue wrote (``QueueFlow``): ``flow`` has no index. Where
+        its row is missing (deleted by hand), every row is read."""
+        span = QueueFlow.objects.using(self.db).filter(pk=flow)
+        bounds = span.values_list("first_item", "last_item").first()
+        items = self.filter(flow=flow)
+        return items.filter(pk__range=bounds) if bounds is not None else items
+
     def cancel_requests(self, held: dict[Any, int]) -> dict[Any, Any]:
         """``{pk: cancel_requested_at}`` of the items ``held`` (``{pk: claim_token}``) that
         are still IN_PROGRESS under that claim and were asked to stop: one read through
@@ -499,7 +510,7 @@ class QueueItem(QueueModel):
     # acknowledgement is plain. Only grows: a producer that adds one changes it, so an
     # acknowledgement that finds it as its claim read it knows every edge to the row.
     dependent_count = models.PositiveIntegerField(default=0, db_default=0, editable=False)
-    # The items enqueued together with ``after=`` share one.
+    # The items enqueued together with ``after=`` share one (their ``QueueFlow``).
     flow = models.UUIDField(null=True, blank=True, editable=False)
     # How often its handler snoozed it (``Snooze``) without using an attempt; past the
     # queue's MAX_SNOOZES a snooze uses one.
@@ -538,7 +549,7 @@ class QueueItem(QueueModel):
             PartialStatusIndex(
                 status=Status.WAITING, fields=["queue"], name="txqueue_item_waiting"
             ),
-            NotNullIndex(fields=["flow"], name="txqueue_item_flow"),
+            # None on ``flow``: a flow's items are found along the primary key (QueueFlow).
         ]
         constraints = [
             models.UniqueConstraint(
@@ -692,6 +703,26 @@ class QueueDependency(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.item_id} after #{self.parent_id}"
+
+
+class QueueFlow(models.Model):
+    """Where a flow's items are (docs/flows.md): the first and last primary keys its
+    enqueue wrote. All of its items lie between them, beside any others inserted
+    meanwhile, so they are read along the primary key (``QueueItemQuerySet.in_flow``),
+    which every claim and acknowledgement writes anyway. An index on the items' ``flow``
+    would be written by each of them too (on PostgreSQL a row's new version gets an entry
+    in every index whose condition it meets): 4-5% of a flow's drain. A purge deletes a
+    flow's row with its last item (``store.upkeep``)."""
+
+    id = models.UUIDField(primary_key=True, editable=False)
+    first_item = models.BigIntegerField()
+    last_item = models.BigIntegerField()
+
+    class Meta:
+        verbose_name = "queue flow"
+
+    def __str__(self) -> str:
+        return f"flow {self.id}: #{self.first_item} to #{self.last_item}"
 
 
 class QueueProgress(models.Model):

@@ -27,7 +27,8 @@ from django_txqueue import (
 )
 from django_txqueue.consumer.worker import Worker
 from django_txqueue.db.acks import claimed_dependents
-from django_txqueue.models import QueueDependency, QueueItem
+from django_txqueue.db.inserts import inserts
+from django_txqueue.models import QueueDependency, QueueFlow, QueueItem
 
 from .helpers import expire, explain, item_reads, plan_lines
 from .test_admin import DASHBOARD, ITEMS, SCRIPT, item_page, message, shown, staff
@@ -596,6 +597,84 @@ def test_builders_refuse_bad_input_before_writing(db):
     with pytest.raises(TypeError, match="payload for queue 'b': Object of type set"):
         chain(step("a", {"n": 1}), step("b", {"tags": {"x"}})).enqueue()
     assert QueueItem.objects.count() == 0
+
+
+def test_a_flows_items_are_read_between_its_first_and_last_beside_others_written_between(db):
+    # The steps and the then are two INSERTs; another item written between them (as a
+    # concurrent producer's may be) lies between the flow's first and last keys.
+    intruders = []
+
+    def write_one_between(execute, sql, params, many, context):
+        done = execute(sql, params, many, context)
+        if sql.startswith("INSERT") and "queueitem" in sql and not intruders:
+            intruders.append(None)  # this wrapper sees the intruder's INSERT too
+            intruders[0] = Queue("elsewhere").enqueue({"n": "between"})
+        return done
+
+    with connection.execute_wrapper(write_one_between):
+        flow = group(step("mail", {"n": 1}), step("mail", {"n": 2}), then=step("report")).enqueue()
+    [intruder] = intruders
+    first, second, report = flow.items
+    assert second.pk < intruder.pk < report.pk
+    ours = sorted(i.pk for i in flow.items)
+    assert [i.pk for i in Flow.of(report).items] == ours
+    assert sorted(QueueItem.objects.in_flow(flow.id).values_list("pk", flat=True)) == ours
+    assert Flow.of(first).counts() == {Status.READY: 2, Status.WAITING: 1}
+    row = QueueFlow.objects.get(pk=flow.id)
+    assert (row.first_item, row.last_item) == (first.pk, report.pk)
+    with pytest.raises(ValueError, match="belongs to no flow"):
+        Flow.of(intruder)
+
+
+def test_an_item_enqueued_after_others_has_a_flow_of_its_own(queue):
+    parent = queue.enqueue({})
+    children = Queue("children").enqueue_many([{"n": 1}, {"n": 2}], after=[parent])
+    flow = Flow.of(children[0])
+    assert [i.pk for i in flow.items] == [c.pk for c in children]
+    assert QueueFlow.objects.get(pk=flow.id).first_item == children[0].pk
+
+
+def test_a_flows_row_goes_with_its_last_item(queue):
+    flow = group(step(queue.name, {"n": 1}), step(queue.name, {"n": 2}), then=step("report"))
+    flow = flow.enqueue()
+    finish(queue), finish(queue)
+    assert queue.purge(older_than=dt.timedelta(0)) == 2
+    assert QueueFlow.objects.filter(pk=flow.id).exists()  # its then is left
+    finish(Queue("report"))
+    assert Queue("report").purge(older_than=dt.timedelta(0)) == 1
+    assert not QueueFlow.objects.filter(pk=flow.id).exists()
+    other = chain(step(queue.name), step("report")).enqueue()
+    QueueItem.objects.filter(pk=other.items[0].pk).update(status=Status.DONE)
+    assert QueueItem.objects.filter(pk=other.items[1].pk).delete_finished() == 0  # WAITING
+    assert QueueItem.objects.in_flow(other.id).filter(status=Status.DONE).delete_finished() == 1
+    assert QueueFlow.objects.filter(pk=other.id).exists()
+    QueueItem.objects.filter(pk=other.items[1].pk).update(status=Status.CANCELLED)
+    assert QueueItem.objects.in_flow(other.id).delete_finished() == 1
+    assert not QueueFlow.objects.filter(pk=other.id).exists()
+    assert not QueueDependency.objects.exists()
+
+
+def test_no_index_is_kept_on_flow(db):
+    # Each claim and acknowledgement of a flow's item would write it again (PostgreSQL
+    # gives a row's new version an entry in every index): 4-5% of a flow's drain.
+    # (That the migrations make the models' indexes, test_migrations checks.)
+    assert [index.name for index in QueueItem._meta.indexes if "flow" in index.fields] == []
+
+
+def test_a_flows_keys_are_read_back_where_a_multi_row_insert_returns_none(db, monkeypatch):
+    # MySQL's: no RETURNING, and the items' keys are read back, from the newest row.
+    features, name = connection.features, "can_return_rows_from_bulk_insert"
+    monkeypatch.setattr(type(features), name, False)  # a property on MySQL's
+    monkeypatch.delitem(features.__dict__, name, raising=False)  # cached on others'
+    inserts.cache_clear()
+    try:
+        flow = group(*(step("mail", {"n": n}) for n in range(5)), then=step("report")).enqueue()
+    finally:
+        inserts.cache_clear()
+    stored_keys = QueueItem.objects.in_flow(flow.id).order_by("pk")
+    assert [(i.pk, i.queue) for i in flow.items] == [(i.pk, i.queue) for i in stored_keys]
+    assert [i.payload for i in flow.items[:5]] == [{"n": n} for n in range(5)]
+    assert set(flow.items[-1].dependencies()) == set(stored_keys[:5])
 
 
 def test_flow_of_an_item_outside_any_flow_is_refused(queue):

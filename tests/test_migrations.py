@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 from django.core.management import call_command
@@ -13,7 +14,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.loader import MigrationLoader
 
-from django_txqueue.models import QueueDependency, QueueItem
+from django_txqueue import Flow
+from django_txqueue.models import QueueDependency, QueueFlow, QueueItem
 from tests.helpers import ROOT
 
 # Run in a child process with tests.core_settings: Django makes a fresh test database of
@@ -138,3 +140,26 @@ def test_0021_keeps_every_edge_keyed_by_its_pair():
         assert kept.get(parent_id=parents[0].pk).pk == (parents[0].pk, child.pk)
         with pytest.raises(IntegrityError), transaction.atomic():  # the pair is the key
             QueueDependency.objects.create(item_id=child.pk, parent_id=parents[0].pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0022_records_where_each_flow_enqueued_before_it_lies():
+    indexed, spans = (
+        ("django_txqueue", "0021_dependency_composite_key"),
+        ("django_txqueue", "0022_flow_spans"),
+    )
+    with migrated_back_to(indexed) as old:
+        items = old.get_model("django_txqueue", "QueueItem")
+        flows = [uuid.uuid4(), uuid.uuid4()]
+        made = [items.objects.create(queue="q", payload={}, flow=flows[n % 2]) for n in range(5)]
+        items.objects.create(queue="q", payload={})
+        migrate_to(spans)
+        assert {f.id: (f.first_item, f.last_item) for f in QueueFlow.objects.all()} == {
+            flows[0]: (made[0].pk, made[4].pk),
+            flows[1]: (made[1].pk, made[3].pk),
+        }
+        assert [i.pk for i in Flow.of(QueueItem.objects.get(pk=made[2].pk)).items] == [
+            made[0].pk,
+            made[2].pk,
+            made[4].pk,
+        ]

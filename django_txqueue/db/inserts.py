@@ -175,9 +175,10 @@ class Inserts(Generic[M]):
                 self._insert(connection, *batch)
 
     def insert_columns(self, names: Sequence[str], columns: Sequence[list[Any]]) -> None:
-        """Insert the rows whose values (ints, strings) ``columns`` hold, one list per
-        column of ``names``, all or none, returning nothing: rows nothing reads back (a
-        flow's edges), without a model instance, or even a list, built per row."""
+        """Insert the rows whose values, as bound (ints, strings), ``columns`` hold, one
+        list per column of ``names``, all or none, returning nothing: rows nothing reads
+        back (a flow's edges, its ``QueueFlow`` row), without a model instance, or even a
+        list, built per row."""
         connection = self.connection
         shape: Shape = tuple((name, None) for name in names)
         size = self.batch_size(shape)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.db import connections, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.db.models.functions import Now
 
 from ..db import dialect
@@ -88,6 +88,23 @@ def edges_of(model: type[Model]) -> type[Model]:
     return apps.get_model(model._meta.app_label, "QueueDependency")
 
 
+def flows_of(model: type[Model]) -> type[Model]:
+    """Where the flows' items are (``QueueFlow``), found as ``edges_of`` finds the edges."""
+    return apps.get_model(model._meta.app_label, "QueueFlow")
+
+
+def record_flow(model: type[QueueItem], using: str, items: list[QueueItem]) -> None:
+    """The row of the flow ``items`` were just inserted in (``QueueFlow``): the first
+    and last of their primary keys, between which its items are read."""
+    pks = [item.pk for item in items]
+    flows = flows_of(model)
+    # The enqueue's cached INSERT, as the edges': the ORM's save() took 0.26 ms, this 0.15.
+    flow = flows._meta.pk.get_db_prep_save(items[0].flow, connections[using])
+    inserts(flows, using).insert_columns(
+        ["id", "first_item", "last_item"], [[flow], [min(pks)], [max(pks)]]
+    )
+
+
 def add_edges(
     model: type[QueueItem], using: str, items: list[QueueItem], parents: Sequence[Any]
 ) -> None:
@@ -130,9 +147,11 @@ def insert_edges(
 def read_back_pks(model: type[QueueItem], using: str, items: list[QueueItem]) -> None:
     """Give the items of one flow, in the order they were inserted, their primary keys,
     which a multi-row INSERT did not return (MySQL): a table's auto-increment numbers one
-    transaction's rows in the order it inserts them."""
-    pks = model._base_manager.using(using).filter(flow=items[0].flow).order_by("pk")
-    for item, pk in zip(items, pks.values_list("pk", flat=True), strict=True):
+    transaction's rows in the order it inserts them. Read from the newest row back:
+    ``flow`` has no index, and past the flow's lie only rows inserted since."""
+    rows = model._base_manager.using(using).filter(flow=items[0].flow).order_by("-pk")
+    pks = list(rows.values_list("pk", flat=True)[: len(items)])
+    for item, pk in zip(items, reversed(pks), strict=True):
         item.pk = pk
 
 
@@ -255,12 +274,19 @@ def still_waited_for(model: type[Model], using: str, pks: list[Any]) -> set[Any]
     return found
 
 
-def forget(model: type[Model], using: str, pks: list[Any]) -> None:
-    """Delete the edges of the deleted flow items ``pks``: those they waited on, and
-    those that waited on them."""
+def forget(model: type[Model], using: str, deleted: dict[Any, uuid.UUID]) -> None:
+    """After the flow items ``deleted`` ({pk: its flow}): delete their edges (to what they
+    waited for, and from what waited for them), and the rows (``QueueFlow``) of the
+    flows they left with no item."""
     edges = edges_of(model)._default_manager.using(using)
-    for chunk in chunks(pks):
+    for chunk in chunks(list(deleted)):
         edges.filter(Q(item_id__in=chunk) | Q(parent_id__in=chunk)).delete()
+    rows = flows_of(model)._base_manager.using(using)
+    left = model._base_manager.using(using).filter(
+        flow=OuterRef("pk"), pk__gte=OuterRef("first_item"), pk__lte=OuterRef("last_item")
+    )
+    for chunk in chunks(list(set(deleted.values()))):
+        rows.filter(pk__in=chunk).exclude(Exists(left)).delete()
 
 
 def chunks(values: list[Any]) -> list[list[Any]]:

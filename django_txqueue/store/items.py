@@ -111,6 +111,7 @@ def _checked_insert(
     new = [item for item in items if after and item.flow == values["flow"]]
     if new:  # not a twin given back in its place
         flows.add_edges(rows.model, rows.alias, new, after or ())
+        flows.record_flow(rows.model, rows.alias, new)
     return items
 
 
@@ -188,6 +189,7 @@ def _enqueue_flow(
         if full is None:
             items = _insert_rows(model, using, runs, payloads, fair)
             flows.add_flow_edges(model, using, items, waits)
+            flows.record_flow(model, using, items)
     if full is not None:
         queue, current = full
         values, indices = min(

@@ -141,25 +141,31 @@ def fail_many(items: QuerySet[Any], *, stuck: Q, error: str) -> int:
 
 
 def delete_finished(items: QuerySet[Any]) -> int:
-    """Delete the DONE, FAILED and CANCELLED ``items``, and the edges of those of a flow;
-    returns how many."""
-    finished = items.order_by().filter(status__in=FINISHED)
-    if not has_field(items.model, "flow"):
-        return delete_retrying(finished)
-    flowing = list(finished.filter(flow__isnull=False).values_list("pk", flat=True))
-    deleted = delete_retrying(finished)
-    if flowing:
-        flows.forget(items.model, items.db, flowing)
-    return deleted
+    """Delete the DONE, FAILED and CANCELLED ``items`` (``delete_flowing``); returns how
+    many."""
+    return delete_flowing(items.order_by().filter(status__in=FINISHED))
 
 
 def delete_all(items: QuerySet[Any]) -> int:
-    """Delete ``items`` whatever their status, claimed ones included; returns how many.
+    """Delete ``items`` whatever their status, claimed ones included (``delete_flowing``);
+    returns how many.
 
     For a queue of a tool's own that it empties before and after a run (``txqueue_bench``,
     ``txqueue_chaos``): a consumer still holding one of these items would find it gone.
     """
-    return delete_retrying(items.order_by())
+    return delete_flowing(items.order_by())
+
+
+def delete_flowing(items: QuerySet[Any]) -> int:
+    """Delete ``items``, the edges of those of a flow, and the rows (``QueueFlow``) of
+    the flows they leave with no item; returns how many."""
+    if not has_field(items.model, "flow"):
+        return delete_retrying(items)
+    flowing = dict(items.filter(flow__isnull=False).values_list("pk", "flow"))
+    deleted = delete_retrying(items)
+    if flowing:
+        flows.forget(items.model, items.db, flowing)
+    return deleted
 
 
 def release_lost(
@@ -237,7 +243,7 @@ def delete_in_batches(
             kept |= flows.still_waited_for(rows.model, rows.db, waited) if waited else set()
         gone = [row[0] for row in batch if row[0] not in kept]
         deleted += delete_retrying(rows.filter(pk__in=gone))
-        if in_flows and (flowing := [pk for pk, flow, _ in batch if flow and pk not in kept]):
+        if in_flows and (flowing := {pk: f for pk, f, _ in batch if f and pk not in kept}):
             flows.forget(rows.model, rows.db, flowing)
         if until is not None and time.monotonic() >= until:
             break
