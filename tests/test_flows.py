@@ -30,7 +30,7 @@ from django_txqueue.db.acks import claimed_dependents
 from django_txqueue.db.inserts import inserts
 from django_txqueue.models import QueueDependency, QueueFlow, QueueItem
 
-from .helpers import expire, explain, item_reads, plan_lines
+from .helpers import analyze, expire, explain, item_reads, plan_lines
 from .test_admin import DASHBOARD, ITEMS, SCRIPT, item_page, message, shown, staff
 
 LONG = 600  # a lease no test outlives
@@ -652,6 +652,30 @@ def test_a_flows_row_goes_with_its_last_item(queue):
     assert QueueItem.objects.in_flow(other.id).delete_finished() == 1
     assert not QueueFlow.objects.filter(pk=other.id).exists()
     assert not QueueDependency.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flows_items_are_read_along_the_primary_key_among_many_others(queue):
+    # What Flow.of, the admin's flow filter and its cancel read: the flow's keys only,
+    # not every item (a table of a million rows in the admin).
+    queue.enqueue_many([{"n": n} for n in range(3000)])
+    flow = group(step(queue.name, {"n": 1}), step(queue.name, {"n": 2}), then=step("report"))
+    flow = flow.enqueue()
+    queue.enqueue_many([{"n": n} for n in range(3000)])
+    analyze(QueueItem)
+    sql, params = QueueItem.objects.in_flow(flow.id).query.sql_with_params()
+    plan = explain(sql, params)
+    text = "\n".join(str(row) for row in plan)
+    lines = plan_lines(plan)
+    if lines is None:  # MySQL's table of tables read, each with its access type
+        [read] = item_reads(plan)
+        assert (read["type"], read["key"]) == ("range", "PRIMARY"), text
+    elif connection.vendor == "postgresql":
+        assert any("_pkey" in line for line in lines), text
+        assert not any("Seq Scan" in line for line in lines), text
+    else:
+        assert any("USING INTEGER PRIMARY KEY" in line for line in lines), text
+    assert len(Flow.of(flow.items[0]).items) == 3
 
 
 def test_no_index_is_kept_on_flow(db):
