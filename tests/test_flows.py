@@ -637,7 +637,8 @@ def test_an_item_enqueued_after_others_has_a_flow_of_its_own(queue):
 def test_a_flows_row_goes_with_its_last_item(queue):
     flow = group(step(queue.name, {"n": 1}), step(queue.name, {"n": 2}), then=step("report"))
     flow = flow.enqueue()
-    finish(queue), finish(queue)
+    finish(queue)
+    finish(queue)
     assert queue.purge(older_than=dt.timedelta(0)) == 2
     assert QueueFlow.objects.filter(pk=flow.id).exists()  # its then is left
     finish(Queue("report"))
@@ -683,6 +684,23 @@ def test_no_index_is_kept_on_flow(db):
     # gives a row's new version an entry in every index): 4-5% of a flow's drain.
     # (That the migrations make the models' indexes, test_migrations checks.)
     assert [index.name for index in QueueItem._meta.indexes if "flow" in index.fields] == []
+    assert not QueueItem._meta.get_field("flow").db_index
+
+
+def test_a_flow_whose_row_was_deleted_by_hand_is_still_found(db):
+    flow = chain(step("resize"), step("publish")).enqueue()
+    QueueFlow.objects.filter(pk=flow.id).delete()
+    assert [i.pk for i in Flow.of(flow.items[1]).items] == [i.pk for i in flow.items]
+
+
+def test_a_tools_delete_of_a_queue_takes_its_flows_edges_and_rows(db):
+    flow = group(step("bench", {"n": 1}), step("bench", {"n": 2}), then=step("bench")).enqueue()
+    kept = chain(step("other"), step("other")).enqueue()
+    assert store.delete_all(QueueItem.objects.filter(queue="bench")) == 3
+    assert not QueueFlow.objects.filter(pk=flow.id).exists()
+    assert not QueueDependency.objects.filter(item_id=flow.items[-1].pk).exists()
+    assert QueueFlow.objects.filter(pk=kept.id).exists()
+    assert QueueDependency.objects.filter(item_id=kept.items[1].pk).exists()
 
 
 def test_a_flows_keys_are_read_back_where_a_multi_row_insert_returns_none(db, monkeypatch):

@@ -20,8 +20,13 @@ def record_flows(apps, schema_editor):
         .annotate(first=Min("pk"), last=Max("pk"))
         .order_by("flow")
     )
-    rows = [flows(id=s["flow"], first_item=s["first"], last_item=s["last"]) for s in spans]
-    flows._base_manager.using(alias).bulk_create(rows, batch_size=BATCH)
+    rows = []  # a batch at a time: an install may hold millions of flows
+    for span in spans.iterator(chunk_size=BATCH):
+        rows.append(flows(id=span["flow"], first_item=span["first"], last_item=span["last"]))
+        if len(rows) == BATCH:
+            flows._base_manager.using(alias).bulk_create(rows)
+            rows = []
+    flows._base_manager.using(alias).bulk_create(rows)
 
 
 class Migration(migrations.Migration):

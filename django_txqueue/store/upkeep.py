@@ -141,22 +141,22 @@ def fail_many(items: QuerySet[Any], *, stuck: Q, error: str) -> int:
 
 
 def delete_finished(items: QuerySet[Any]) -> int:
-    """Delete the DONE, FAILED and CANCELLED ``items`` (``delete_flowing``); returns how
+    """Delete the DONE, FAILED and CANCELLED ``items`` (``delete_with_flows``); returns how
     many."""
-    return delete_flowing(items.order_by().filter(status__in=FINISHED))
+    return delete_with_flows(items.order_by().filter(status__in=FINISHED))
 
 
 def delete_all(items: QuerySet[Any]) -> int:
-    """Delete ``items`` whatever their status, claimed ones included (``delete_flowing``);
+    """Delete ``items`` whatever their status, claimed ones included (``delete_with_flows``);
     returns how many.
 
     For a queue of a tool's own that it empties before and after a run (``txqueue_bench``,
     ``txqueue_chaos``): a consumer still holding one of these items would find it gone.
     """
-    return delete_flowing(items.order_by())
+    return delete_with_flows(items.order_by())
 
 
-def delete_flowing(items: QuerySet[Any]) -> int:
+def delete_with_flows(items: QuerySet[Any]) -> int:
     """Delete ``items``, the edges of those of a flow, and the rows (``QueueFlow``) of
     the flows they leave with no item; returns how many."""
     if not has_field(items.model, "flow"):
